@@ -1,0 +1,327 @@
+"""The gateway application: state, lifecycle and the HTTP surface.
+
+`create_app(settings)` returns a FastAPI app. The OpenAI routes go through the
+lean `Proxy`; everything under `/admin/` requires the admin bearer token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from gateway.auth import require_admin
+from gateway.backends import Backend, BackendPool
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.monitor import Monitor
+from gateway.openapi import CHAT_BODY, COMPLETION_BODY
+from gateway.proxy import Proxy
+from gateway.settings import BackendConfig, RoutingConfig, Settings
+from gateway.store import (
+    CONFIG_BACKENDS,
+    CONFIG_ROUTING,
+    DEFAULT_ROUTE,
+    SharedStore,
+    StoreUnavailable,
+)
+from policies import Pipeline, PipelineSpec, build_pipeline
+
+log = logging.getLogger("edgeroute.gateway")
+
+
+def backend_json(cfg: BackendConfig) -> str:
+    """A backend's config as the shared store keeps it, secret included."""
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    if cfg.api_key is not None:
+        data["api_key"] = cfg.api_key.get_secret_value()
+    return orjson.dumps(data).decode()
+
+
+class Gateway:
+    """Everything one gateway replica holds."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.replica_id = settings.replica_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        )
+        self.metrics = GatewayMetrics()
+        self.pool = BackendPool(
+            settings.circuit, settings.stale_after, settings.prefix_cache_entries
+        )
+        self.routing = settings.routing
+        self._pipelines: dict[str, Pipeline] = {}
+        self._default = build_pipeline(settings.routing.default)
+        self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
+        self.client = httpx.AsyncClient()
+        self.monitor = Monitor(self)
+        self.proxy = Proxy(self)
+        self.started = False
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.client.aclose()
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0
+            ),
+            trust_env=False,
+        )
+        self._apply_routing(self.settings.routing)
+        self.pool.set_configs(self.settings.backends)
+        await self.store.start()
+        try:
+            await self.push_local_config()
+            await self.reload_config()
+        except StoreUnavailable:
+            log.warning("shared store unreachable at start; using the local config for now")
+        await self.monitor.scrape_all()
+        self.monitor.start()
+        self.started = True
+        log.info("gateway replica %s ready with %d backends", self.replica_id, len(self.pool))
+
+    async def stop(self) -> None:
+        await self.monitor.stop()
+        await self.client.aclose()
+        await self.store.close()
+
+    # -- configuration --------------------------------------------------------------
+
+    def _apply_routing(self, routing: RoutingConfig) -> None:
+        self.routing = routing
+        self._default = build_pipeline(routing.default)
+        self._pipelines = {m: build_pipeline(spec) for m, spec in routing.models.items()}
+
+    def pipeline_for(self, model: str) -> Pipeline:
+        return self._pipelines.get(model, self._default)
+
+    def backend_auth(self, b: Backend) -> dict[str, str]:
+        if b.config.api_key is None:
+            return {}
+        return {"authorization": f"Bearer {b.config.api_key.get_secret_value()}"}
+
+    async def push_local_config(self) -> None:
+        """Seed the store with this replica's config where the store has none."""
+        await self.store.seed_backends({c.backend_id: backend_json(c) for c in self.pool.configs()})
+        specs = {m: s.model_dump_json(exclude_none=True) for m, s in self.routing.models.items()}
+        specs[DEFAULT_ROUTE] = self.routing.default.model_dump_json(exclude_none=True)
+        await self.store.seed_routing(specs)
+
+    async def reload_config(self) -> None:
+        backends, routing = await self.store.load_config()
+        configs = []
+        for bid, data in backends.items():
+            try:
+                configs.append(BackendConfig.model_validate(data))
+            except ValidationError:
+                log.error("ignoring invalid backend %s in the shared store", bid)
+        self.pool.set_configs(configs)
+        default = routing.pop(DEFAULT_ROUTE, None)
+        try:
+            self._apply_routing(
+                RoutingConfig(
+                    default=PipelineSpec.model_validate(default) if default else PipelineSpec(),
+                    models={m: PipelineSpec.model_validate(v) for m, v in routing.items()},
+                )
+            )
+        except ValidationError:
+            log.error("ignoring invalid routing config in the shared store")
+
+    async def write_config(self, key: str, field: str, payload: str | None) -> None:
+        try:
+            await self.store.put(key, field, payload)
+            await self.reload_config()
+        except StoreUnavailable as exc:
+            raise GatewayError(
+                503, "the shared store is unreachable; the change was not applied", retry_after=1.0
+            ) from exc
+
+
+# -- HTTP surface ---------------------------------------------------------------------
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _backend_state(b: Backend) -> dict[str, Any]:
+    now = time.monotonic()
+    return {
+        "id": b.id,
+        "url": b.config.url,
+        "role": b.config.role,
+        "models": sorted(b.serves()),
+        "draining": b.draining,
+        "healthy": not b.draining and b.circuit.available(now),
+        "circuit": b.circuit.state.name.lower(),
+        "inflight": b.inflight,
+        "remote_inflight": b.remote_inflight,
+        "running": b.stats.running,
+        "waiting": b.stats.waiting,
+        "kv_usage": b.stats.kv_usage,
+        "stats_age_s": None if b.stats.scraped_at < 0 else round(now - b.stats.scraped_at, 3),
+    }
+
+
+def _admin_router(gw: Gateway) -> APIRouter:
+    def auth(request: Request) -> None:
+        require_admin(request.headers.get("authorization"), gw.settings.admin_token)
+
+    r = APIRouter(prefix="/admin", dependencies=[Depends(auth)], tags=["admin"])
+
+    def get_backend(backend_id: str) -> Backend:
+        b = gw.pool.get(backend_id)
+        if b is None:
+            raise GatewayError(404, f"no backend {backend_id!r}", param="backend_id")
+        return b
+
+    @r.get("/backends")
+    async def list_backends() -> Response:
+        return _json({"backends": [_backend_state(b) for b in gw.pool]})
+
+    @r.post("/backends", status_code=201)
+    async def add_backend(cfg: BackendConfig) -> Response:
+        if gw.pool.get(cfg.backend_id) is not None:
+            raise GatewayError(409, f"backend {cfg.backend_id!r} exists", param="id")
+        await gw.write_config(CONFIG_BACKENDS, cfg.backend_id, backend_json(cfg))
+        b = gw.pool.get(cfg.backend_id)
+        assert b is not None
+        return _json(_backend_state(b), 201)
+
+    @r.delete("/backends/{backend_id}", status_code=204)
+    async def remove_backend(backend_id: str) -> Response:
+        get_backend(backend_id)
+        await gw.write_config(CONFIG_BACKENDS, backend_id, None)
+        return Response(status_code=204)
+
+    async def set_draining(backend_id: str, draining: bool) -> Response:
+        b = get_backend(backend_id)
+        cfg = b.config.model_copy(update={"draining": draining})
+        await gw.write_config(CONFIG_BACKENDS, backend_id, backend_json(cfg))
+        return _json(_backend_state(get_backend(backend_id)))
+
+    @r.post("/backends/{backend_id}/drain")
+    async def drain(backend_id: str) -> Response:
+        return await set_draining(backend_id, True)
+
+    @r.post("/backends/{backend_id}/undrain")
+    async def undrain(backend_id: str) -> Response:
+        return await set_draining(backend_id, False)
+
+    @r.get("/routing")
+    async def get_routing() -> Response:
+        return _json(gw.routing.model_dump(mode="json", exclude_none=True))
+
+    @r.put("/routing/default")
+    async def put_default(spec: PipelineSpec) -> Response:
+        await gw.write_config(CONFIG_ROUTING, DEFAULT_ROUTE, spec.model_dump_json())
+        return _json(gw.routing.model_dump(mode="json", exclude_none=True))
+
+    @r.put("/routing/models/{model}")
+    async def put_model(model: str, spec: PipelineSpec) -> Response:
+        if model == DEFAULT_ROUTE:
+            raise GatewayError(400, "use /admin/routing/default", param="model")
+        await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json())
+        return _json(gw.routing.model_dump(mode="json", exclude_none=True))
+
+    @r.delete("/routing/models/{model}", status_code=204)
+    async def delete_model(model: str) -> Response:
+        if model not in gw.routing.models:
+            raise GatewayError(404, f"no routing override for {model!r}", param="model")
+        await gw.write_config(CONFIG_ROUTING, model, None)
+        return Response(status_code=204)
+
+    @r.get("/status")
+    async def status() -> Response:
+        return _json(
+            {
+                "replica": gw.replica_id,
+                "store_up": gw.store.up,
+                "replicas": gw.monitor.replicas,
+                "snapshot_age_s": round(time.monotonic() - gw.monitor.last_sync, 3),
+                "inflight": gw.pool.total_inflight(),
+            }
+        )
+
+    return r
+
+
+def create_app(settings: Settings) -> FastAPI:
+    gw = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.start()
+        yield
+        await gw.stop()
+
+    app = FastAPI(
+        title="edgeroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None
+    )
+    app.state.gateway = gw
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        msg = first.get("msg", "invalid request")
+        return GatewayError(
+            400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=".".join(loc) or None
+        ).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        return GatewayError(exc.status_code, str(exc.detail)).response()
+
+    @app.post("/v1/chat/completions", openapi_extra=CHAT_BODY, tags=["openai"])
+    async def chat_completions(request: Request) -> Response:
+        return await gw.proxy.handle(request, chat=True)
+
+    @app.post("/v1/completions", openapi_extra=COMPLETION_BODY, tags=["openai"])
+    async def completions(request: Request) -> Response:
+        return await gw.proxy.handle(request, chat=False)
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models() -> Response:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "edgeroute"}
+            for m in sorted(gw.pool.models(healthy_only=True))
+        ]
+        return _json({"object": "list", "data": data})
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> Response:
+        healthy = sum(1 for b in gw.pool.view.backends if b.healthy)
+        if not gw.started or healthy == 0:
+            return _json({"status": "not ready", "healthy_backends": healthy}, 503)
+        return _json({"status": "ready", "healthy_backends": healthy})
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.include_router(_admin_router(gw))
+    return app

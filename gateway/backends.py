@@ -1,0 +1,174 @@
+"""The backend pool: runtime state per backend, and the immutable view policies read.
+
+The view is copy-on-write. Background tasks (scrapes, health, shared-store sync)
+rebuild it; a dispatch or completion replaces just one backend's entry, so the
+next request sees its own replica's in-flight counts at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from gateway.circuit import Circuit, State
+from gateway.settings import BackendConfig, CircuitConfig
+from policies.text import stable_hash
+from policies.types import BackendView, ClusterView
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    scraped_at: float = float("-inf")
+
+
+@dataclass(eq=False)
+class Backend:
+    config: BackendConfig
+    circuit: Circuit
+    models: frozenset[str] = frozenset()
+    stats: EngineStats = field(default_factory=EngineStats)
+    inflight: int = 0  # this replica's requests on it
+    remote_inflight: int = 0  # other replicas' requests, from the shared store
+    prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    index: int = -1  # position in the current view
+
+    @property
+    def id(self) -> str:
+        return self.config.backend_id
+
+    @property
+    def draining(self) -> bool:
+        return self.config.draining
+
+    def serves(self) -> frozenset[str]:
+        return frozenset(self.config.models) or self.models
+
+
+class BackendPool:
+    def __init__(
+        self,
+        circuit: CircuitConfig,
+        stale_after: float,
+        prefix_entries: int,
+    ) -> None:
+        self._circuit = circuit
+        self._stale_after = stale_after
+        self._prefix_entries = prefix_entries
+        self._backends: dict[str, Backend] = {}
+        self._views: list[BackendView] = []
+        self.view = ClusterView((), stale_after=stale_after)
+        self.known_models: frozenset[str] = frozenset()
+
+    # -- membership -----------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(list(self._backends.values()))
+
+    def __len__(self) -> int:
+        return len(self._backends)
+
+    def get(self, backend_id: str) -> Backend | None:
+        return self._backends.get(backend_id)
+
+    def set_configs(self, configs: Iterable[BackendConfig]) -> None:
+        """Make the pool match `configs`, keeping the runtime state of backends that stay."""
+        wanted = {c.backend_id: c for c in configs}
+        for bid in list(self._backends):
+            if bid not in wanted:
+                del self._backends[bid]
+        for bid, cfg in wanted.items():
+            current = self._backends.get(bid)
+            if current is None:
+                self._backends[bid] = Backend(
+                    cfg, Circuit(self._circuit.failures, self._circuit.open_seconds)
+                )
+            else:
+                current.config = cfg
+        self.rebuild()
+
+    def configs(self) -> list[BackendConfig]:
+        return [b.config for b in self._backends.values()]
+
+    def models(self, healthy_only: bool = False) -> set[str]:
+        now = time.monotonic()
+        out: set[str] = set()
+        for b in self._backends.values():
+            if not healthy_only or (not b.draining and b.circuit.available(now)):
+                out |= b.serves()
+        return out
+
+    # -- the view -------------------------------------------------------------
+
+    def _view_of(self, b: Backend, now: float) -> BackendView:
+        return BackendView(
+            id=b.id,
+            url=b.config.url,
+            role=b.config.role,
+            models=b.serves(),
+            healthy=not b.draining and b.circuit.available(now),
+            running=b.stats.running,
+            waiting=b.stats.waiting,
+            kv_usage=b.stats.kv_usage,
+            stats_age=now - b.stats.scraped_at,
+            inflight=b.inflight + b.remote_inflight,
+            cached_blocks=frozenset(b.prefix),
+            id_hash=stable_hash(b.id),
+        )
+
+    def rebuild(self) -> None:
+        """A fresh view of every backend; off the request path."""
+        now = time.monotonic()
+        views = []
+        for i, b in enumerate(self._backends.values()):
+            b.index = i
+            views.append(self._view_of(b, now))
+        self._views = views
+        self.view = ClusterView(tuple(views), stale_after=self._stale_after)
+        self.known_models = frozenset().union(*(v.models for v in views))
+
+    def _refresh_one(self, b: Backend, **changes: object) -> None:
+        i = b.index
+        if 0 <= i < len(self._views) and self._views[i].id == b.id:
+            self._views[i] = replace(self._views[i], **changes)  # type: ignore[arg-type]
+            self.view = ClusterView(tuple(self._views), stale_after=self._stale_after)
+
+    # -- request path -----------------------------------------------------------
+
+    def dispatched(self, b: Backend, blocks: tuple[int, ...]) -> None:
+        b.inflight += 1
+        if blocks:
+            prefix = b.prefix
+            for h in blocks:
+                prefix[h] = None
+                prefix.move_to_end(h)
+            while len(prefix) > self._prefix_entries:
+                prefix.popitem(last=False)
+            self._refresh_one(
+                b, inflight=b.inflight + b.remote_inflight, cached_blocks=frozenset(prefix)
+            )
+        else:
+            self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
+
+    def finished(self, b: Backend) -> None:
+        b.inflight -= 1
+        self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
+
+    def failed(self, b: Backend) -> bool:
+        """Record a failure; True when it opened the circuit."""
+        opened = b.circuit.failure(time.monotonic())
+        if opened:
+            self._refresh_one(b, healthy=False)
+        return opened
+
+    def succeeded(self, b: Backend) -> None:
+        if b.circuit.state is not State.CLOSED or b.circuit.failures:
+            b.circuit.success()
+            self._refresh_one(b, healthy=not b.draining)
+
+    def total_inflight(self) -> int:
+        return sum(b.inflight for b in self._backends.values())

@@ -1,0 +1,229 @@
+"""`edgeroute`: one program, with a subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.logs import configure
+from gateway.serving import Listener, run, serve_apps
+from gateway.settings import BackendConfig, load_settings
+
+if TYPE_CHECKING:
+    from workers.server import WorkerConfig
+
+DEMO_ALIAS = "edge-llm"
+
+
+def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
+    from oracle.topology import Topology
+    from workers.quality import default_data_dir
+    from workers.server import WorkerConfig
+
+    profiles = args.profile.split(",")
+    topology = None
+    if args.topology:
+        import yaml
+
+        topology = Topology.from_mapping(yaml.safe_load(Path(args.topology).read_text()))
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    out = []
+    for i in range(args.count):
+        profile = profiles[i % len(profiles)]
+        out.append(
+            WorkerConfig(
+                profile=profile,
+                served_model_names=args.served_model_name or [],
+                host=args.host,
+                port=args.port + i,
+                speedup=args.speedup,
+                role=args.role,
+                instance_id=(
+                    f"{args.instance_id}-{i}"
+                    if args.instance_id and args.count > 1
+                    else args.instance_id
+                ),
+                topology=topology,
+                data_dir=data_dir,
+            )
+        )
+    return out
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from workers.server import Worker
+
+    configure(args.log_level, json=not args.plain_logs)
+    configs = _worker_configs(args)
+    listeners = [Listener(Worker(c).app, c.host, c.port) for c in configs]
+    for c in configs:
+        print(f"worker {c.profile} ({c.role}) on http://{c.host}:{c.port}", flush=True)
+    run(serve_apps(listeners))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from gateway.app import create_app
+
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.backend:
+        overrides["backends"] = [BackendConfig(url=u) for u in args.backend]
+    settings = load_settings(args.config, **overrides)
+    configure(settings.log_level, settings.json_logs)
+    app = create_app(settings)
+    run(serve_apps([Listener(app, settings.host, settings.port)]))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from gateway.app import create_app
+    from workers.profiles import EXPERTS
+    from workers.quality import default_data_dir
+    from workers.server import Worker, WorkerConfig
+
+    configure(args.log_level, json=not args.plain_logs)
+    token = os.environ.get("EDGEROUTE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
+    data_dir = default_data_dir()
+    workers = []
+    for i in range(args.workers):
+        profile = EXPERTS[i % len(EXPERTS)]
+        workers.append(
+            Worker(
+                WorkerConfig(
+                    profile=profile,
+                    served_model_names=[profile, DEMO_ALIAS],
+                    port=args.worker_port + i,
+                    speedup=args.speedup,
+                    data_dir=data_dir if data_dir.exists() else None,
+                )
+            )
+        )
+    settings = load_settings(
+        args.config,
+        host="127.0.0.1",
+        port=args.port,
+        admin_token=token,
+        backends=[
+            BackendConfig(url=f"http://127.0.0.1:{w.config.port}", id=f"worker-{i}")
+            for i, w in enumerate(workers)
+        ],
+        routing={"default": {"policy": args.policy}},
+    )
+    app = create_app(settings)
+    base = f"http://127.0.0.1:{args.port}"
+    print(
+        f"""
+edgeroute demo: gateway {base} -> {args.workers} emulated workers (speedup {args.speedup:g})
+"""
+        + "\n".join(
+            f"  worker-{i}: {w.config.profile:<24} http://127.0.0.1:{w.config.port}"
+            for i, w in enumerate(workers)
+        )
+        + f"""
+
+  OpenAI API   {base}/v1   (model "{DEMO_ALIAS}" on every worker, or a worker's own model name)
+  metrics      {base}/metrics
+  admin API    {base}/admin/backends   (admin token: {token})
+
+Try:
+  curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{DEMO_ALIAS}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+
+Ctrl-C stops everything.
+""",
+        flush=True,
+    )
+    listeners = [Listener(w.app, w.config.host, w.config.port) for w in workers]
+    listeners.append(Listener(app, settings.host, settings.port))
+    run(serve_apps(listeners))
+
+
+def cmd_fit_profiles(args: argparse.Namespace) -> None:
+    from workers.quality import PROFILES_FILE, default_data_dir, fit_distributions
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    fitted = fit_distributions(data_dir)
+    out = Path(args.out) if args.out else PROFILES_FILE
+    out.write_text(json.dumps(fitted, indent=1) + "\n")
+    print(f"wrote {out} ({len(fitted['models'])} models) from {data_dir}")  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML settings file (default: $EDGEROUTE_CONFIG)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--backend", action="append", help="backend URL (repeatable)")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run emulated vLLM workers")
+    worker.add_argument(
+        "--profile",
+        default="mistral-7b-chat",
+        help="engine profile, or a comma-separated list cycled over --count",
+    )
+    worker.add_argument("--count", type=int, default=1, help="workers in this process")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=8100, help="port of the first worker")
+    worker.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="run the emulated clock this many times faster than wall time",
+    )
+    worker.add_argument("--role", choices=["both", "prefill", "decode"], default="both")
+    worker.add_argument(
+        "--served-model-name",
+        action="append",
+        help="model name to serve (repeatable; default: the profile name)",
+    )
+    worker.add_argument("--instance-id", help="this instance's name in the topology")
+    worker.add_argument("--topology", help="YAML topology for emulated KV transfers")
+    worker.add_argument(
+        "--data-dir", help="quality data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    worker.add_argument("--log-level", default="INFO")
+    worker.add_argument("--plain-logs", action="store_true")
+    worker.set_defaults(func=cmd_worker)
+
+    demo = sub.add_parser("demo", help="gateway + N emulated workers + embedded store")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--worker-port", type=int, default=8101, help="port of the first worker")
+    demo.add_argument("--speedup", type=float, default=1.0)
+    demo.add_argument("--policy", default="least_load")
+    demo.add_argument("--config", help="YAML settings file for the gateway")
+    demo.add_argument("--log-level", default="WARNING")
+    demo.add_argument("--plain-logs", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    fit = sub.add_parser(
+        "fit-profiles", help="refit the workers' per-task distributions from the quality data"
+    )
+    fit.add_argument("--data-dir")
+    fit.add_argument("--out")
+    fit.set_defaults(func=cmd_fit_profiles)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

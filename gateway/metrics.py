@@ -1,0 +1,128 @@
+"""The gateway's own Prometheus metrics, all under the `edgeroute_` prefix.
+
+Label values are model names, backend ids, statuses and policy names: never
+request content, keys or tokens.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+DECISION = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "edgeroute_requests",
+            "Requests by model, backend and final status.",
+            ["model", "backend", "status"],
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "edgeroute_request_duration_seconds",
+            "End-to-end latency seen by the gateway.",
+            ["model", "backend"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "edgeroute_time_to_first_token_seconds",
+            "Time to the first streamed bytes.",
+            ["model", "backend"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "edgeroute_inter_token_latency_seconds",
+            "Gap between streamed chunks.",
+            ["model", "backend"],
+            buckets=ITL,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "edgeroute_gateway_overhead_seconds",
+            "Time the gateway itself spends on a request (parse, route, relay set-up).",
+            buckets=OVERHEAD,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "edgeroute_policy_decision_seconds",
+            "Time one routing decision takes.",
+            ["policy"],
+            buckets=DECISION,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "edgeroute_policy_decisions",
+            "Routing decisions by policy and chosen backend.",
+            ["policy", "backend"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "edgeroute_retries",
+            "Attempts moved to another backend before the first byte.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "edgeroute_shed_requests",
+            "Requests refused for lack of capacity.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "edgeroute_inflight_requests",
+            "In-flight requests on each backend, all replicas.",
+            ["backend"],
+            registry=r,
+        )
+        self.local_inflight = Gauge(
+            "edgeroute_replica_inflight_requests", "In-flight requests on this replica.", registry=r
+        )
+        self.backend_up = Gauge(
+            "edgeroute_backend_healthy",
+            "1 when the backend takes new requests.",
+            ["backend"],
+            registry=r,
+        )
+        self.circuit = Gauge(
+            "edgeroute_backend_circuit_state",
+            "0 closed, 1 half-open, 2 open.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_queue = Gauge(
+            "edgeroute_backend_queue",
+            "Engine running+waiting, as last scraped.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_kv = Gauge(
+            "edgeroute_backend_kv_usage",
+            "Engine KV-cache usage (0-1), as last scraped.",
+            ["backend"],
+            registry=r,
+        )
+        self.stats_age = Gauge(
+            "edgeroute_backend_stats_age_seconds",
+            "Age of each backend's scraped stats.",
+            ["backend"],
+            registry=r,
+        )
+        self.store_up = Gauge("edgeroute_store_up", "1 while the shared store answers.", registry=r)
+        self.store_age = Gauge(
+            "edgeroute_telemetry_staleness_seconds",
+            "Seconds since the shared-store snapshot was last refreshed.",
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "edgeroute_replicas", "Gateway replicas seen in the shared store.", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,172 @@
+"""Background work that keeps the in-process snapshot fresh.
+
+- scrape: each backend's `/metrics` (vLLM's current and older names) and, when
+  its models are not configured, `/v1/models`;
+- health: `/health` probes; an open circuit past its cool-down closes on a good probe;
+- sync: in-flight counts with the other replicas, and shared config changes.
+
+None of this runs on the request path. Each loop survives any single failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import httpx
+
+from gateway.backends import Backend
+from gateway.circuit import State
+from gateway.promtext import read_samples
+from gateway.store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("edgeroute.monitor")
+
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WANTED = frozenset(RUNNING + WAITING + KV_USAGE)
+
+
+def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for n in names:
+        if n in samples:
+            return samples[n]
+    return None
+
+
+class Monitor:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self._tasks: list[asyncio.Task[None]] = []
+        self.last_sync = time.monotonic()
+        self.config_version = -1
+        self.replicas = 1
+
+    def start(self) -> None:
+        s = self.gw.settings
+        loops: list[tuple[str, Callable[[], Awaitable[None]], float]] = [
+            ("scrape", self.scrape_all, s.scrape_interval),
+            ("health", self.probe_all, s.health_interval),
+            ("sync", self.sync, s.sync_interval),
+        ]
+        for name, step, every in loops:
+            self._tasks.append(asyncio.create_task(self._loop(name, step, every), name=name))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _loop(self, name: str, step: Callable[[], Awaitable[None]], every: float) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s step failed", name)
+            await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
+
+    # -- scrape ---------------------------------------------------------------------
+
+    async def scrape_all(self) -> None:
+        backends = list(self.gw.pool)
+        await asyncio.gather(*(self._scrape(b) for b in backends))
+        self.gw.pool.rebuild()
+        self._export()
+
+    async def _scrape(self, b: Backend) -> None:
+        timeout = self.gw.settings.timeouts.scrape
+        client = self.gw.client
+        try:
+            if not b.config.models and (not b.models or b.stats.scraped_at < 0):
+                r = await client.get(
+                    f"{b.config.url}/v1/models", timeout=timeout, headers=self.gw.backend_auth(b)
+                )
+                if r.status_code == 200:
+                    b.models = frozenset(m["id"] for m in r.json().get("data", []))
+            r = await client.get(f"{b.config.url}/metrics", timeout=timeout)
+            if r.status_code != 200:
+                return
+            samples = read_samples(r.text, WANTED)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # stats go stale, and stale stats do not steer
+        running, waiting = _first(samples, RUNNING), _first(samples, WAITING)
+        if running is None and waiting is None:
+            return
+        b.stats.running = int(running or 0)
+        b.stats.waiting = int(waiting or 0)
+        b.stats.kv_usage = _first(samples, KV_USAGE) or 0.0
+        b.stats.scraped_at = time.monotonic()
+
+    # -- health -------------------------------------------------------------------------
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(b) for b in list(self.gw.pool)))
+        self.gw.pool.rebuild()
+        self._export()
+
+    async def _probe(self, b: Backend) -> None:
+        now = time.monotonic()
+        b.circuit.available(now)  # moves an open circuit past its cool-down to half-open
+        try:
+            r = await self.gw.client.get(
+                f"{b.config.url}/health", timeout=self.gw.settings.timeouts.connect
+            )
+            ok = r.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            if b.circuit.state is State.HALF_OPEN:
+                log.info("backend %s recovered; circuit closed", b.id)
+                b.circuit.success()
+        elif b.circuit.state is not State.OPEN and b.circuit.failure(time.monotonic()):
+            log.warning("backend %s failed health checks; circuit open", b.id)
+
+    # -- shared store -------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        gw = self.gw
+        store = gw.store
+        if await store.revive_embedded():
+            await gw.push_local_config()
+        local = {b.id: b.inflight for b in gw.pool}
+        try:
+            result = await store.sync(local)
+        except StoreUnavailable:
+            gw.metrics.store_up.set(0)
+            gw.metrics.store_age.set(time.monotonic() - self.last_sync)
+            return
+        self.last_sync = time.monotonic()
+        self.replicas = result.replicas
+        gw.metrics.store_up.set(1)
+        gw.metrics.store_age.set(0)
+        gw.metrics.replicas.set(result.replicas)
+        for b in gw.pool:
+            b.remote_inflight = result.remote_inflight.get(b.id, 0)
+        if result.config_version != self.config_version:
+            await gw.reload_config()
+            self.config_version = result.config_version
+        gw.pool.rebuild()
+
+    def _export(self) -> None:
+        m = self.gw.metrics
+        now = time.monotonic()
+        for b in self.gw.pool:
+            m.backend_up.labels(b.id).set(1 if (not b.draining and b.circuit.available(now)) else 0)
+            m.circuit.labels(b.id).set(int(b.circuit.state))
+            m.backend_queue.labels(b.id).set(b.stats.running + b.stats.waiting)
+            m.backend_kv.labels(b.id).set(b.stats.kv_usage)
+            m.stats_age.labels(b.id).set(min(now - b.stats.scraped_at, 1e9))
+            m.inflight.labels(b.id).set(b.inflight + b.remote_inflight)
+        m.local_inflight.set(self.gw.pool.total_inflight())
+        m.store_age.set(now - self.last_sync)

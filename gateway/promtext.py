@@ -1,0 +1,30 @@
+"""Just enough of the Prometheus text format to read a backend's engine gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+
+def read_samples(text: str, names: Collection[str]) -> dict[str, float]:
+    """Sum of each wanted metric's samples over all label sets.
+
+    Handles `name value`, `name{labels} value` and an optional trailing timestamp.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            name = line[:brace]
+            rest = line[line.rfind("}") + 1 :].split()
+        else:
+            name, _, tail = line.partition(" ")
+            rest = tail.split()
+        if name not in names or not rest:
+            continue
+        try:
+            out[name] = out.get(name, 0.0) + float(rest[0])
+        except ValueError:
+            continue
+    return out

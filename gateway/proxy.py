@@ -1,0 +1,429 @@
+"""The request path: validate, build `RequestInfo`, decide, forward, relay.
+
+The client's bytes are forwarded as sent (vLLM extras and all); the body is
+parsed only to validate it and to read what routing needs. Retries go to
+another backend only while nothing has reached the client: a streamed response
+is committed when its first chunk arrives, and a later failure ends the stream
+with an OpenAI-style error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import random
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.auth import require_client_key
+from gateway.backends import Backend
+from gateway.errors import GatewayError
+from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
+from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
+from policies.types import ClusterView, RequestInfo
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("edgeroute.proxy")
+
+# Never forwarded in either direction: hop-by-hop, framing, or handled here.
+_DROP_UP = frozenset(
+    b"host content-length connection keep-alive transfer-encoding te trailer upgrade "
+    b"proxy-authorization proxy-connection authorization accept-encoding".split()
+)
+_DROP_DOWN = frozenset(
+    b"content-length connection keep-alive transfer-encoding te trailer upgrade "
+    b"proxy-connection date server".split()
+)
+MAX_TOKENS_LIMIT = 1 << 24
+
+
+@dataclass
+class Upstream:
+    """A backend's answer, received up to the point where it can still be retried."""
+
+    backend: Backend
+    response: httpx.Response
+    first: bytes  # the first body chunk (stream) or the whole body
+    rest: AsyncIterator[bytes] | None  # the remaining chunks of a stream
+
+
+class Retryable(Exception):
+    def __init__(self, error: GatewayError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+def _check_number(body: dict[str, Any], name: str, low: float, high: float) -> None:
+    v = body.get(name)
+    if v is None:
+        return
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or not (low <= v <= high)
+    ):
+        raise GatewayError(400, f"'{name}' must be a number in [{low}, {high}]", param=name)
+
+
+def _check_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise GatewayError(400, f"'{name}' must be an integer in [{low}, {high}]", param=name)
+    return v
+
+
+def validate(body: Any, chat: bool) -> dict[str, Any]:
+    """Enough schema to reject what is malformed; unknown fields pass through."""
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "'model' is required and must be a string", param="model")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise GatewayError(400, "'messages' must be a non-empty list", param="messages")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise GatewayError(400, "each message needs a string 'role'", param="messages")
+            content = m.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise GatewayError(
+                    400, "message 'content' must be a string or a list", param="messages"
+                )
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise GatewayError(400, "'prompt' must be a string or a non-empty list", param="prompt")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(400, "'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise GatewayError(400, "'stream_options' must be an object", param="stream_options")
+    _check_int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    _check_int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+    _check_int(body, "n", 1, 128)
+    _check_number(body, "temperature", 0.0, 2.0)
+    _check_number(body, "top_p", 0.0, 1.0)
+    stop = body.get("stop")
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise GatewayError(400, "'stop' must be a string or a list of strings", param="stop")
+    return body
+
+
+class Proxy:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        s = gateway.settings
+        self._seq = itertools.count()
+        self._timeout = httpx.Timeout(
+            connect=s.timeouts.connect,
+            read=s.timeouts.first_byte,
+            write=s.timeouts.connect,
+            pool=s.timeouts.connect,
+        )
+        self._idle = s.timeouts.idle
+
+    async def handle(self, request: Request, chat: bool) -> Response | RelayResponse:
+        t0 = time.perf_counter()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        model_label = "unknown"
+        try:
+            require_client_key(request.headers.get("authorization"), self.gw.settings.api_keys)
+            raw = await self._read_body(request)
+            try:
+                parsed = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
+            body = validate(parsed, chat)
+            model = body["model"]
+            if model not in self.gw.pool.known_models:
+                raise GatewayError(
+                    404,
+                    f"The model `{model}` does not exist.",
+                    param="model",
+                    code="model_not_found",
+                )
+            model_label = model
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            return await self._route(request, path, raw, body, rid, t0)
+        except GatewayError as exc:
+            self.gw.metrics.requests.labels(model_label, "none", str(exc.status)).inc()
+            if exc.status >= 500:
+                log.warning(
+                    "request failed",
+                    extra={"request_id": rid, "status": exc.status, "error": exc.message},
+                )
+            return exc.response({"x-request-id": rid})
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.gw.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise GatewayError(413, f"the request body is larger than {limit} bytes")
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _request_info(
+        self, request: Request, body: dict[str, Any], uses_prefix: bool
+    ) -> RequestInfo:
+        text = prompt_text(body)
+        session = request.headers.get("x-session-id") or body.get("user")
+        return RequestInfo(
+            model=body["model"],
+            prompt_tokens=estimate_tokens(text),
+            block_hashes=(
+                block_hashes(text, self.gw.settings.prefix_block_tokens) if uses_prefix else ()
+            ),
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+            session_hash=stable_hash(session) if isinstance(session, str) and session else None,
+            seq=next(self._seq),
+            entropy=random.getrandbits(63),
+            stream=bool(body.get("stream")),
+            task=request.headers.get("x-edgeroute-task"),
+            prompt=text,
+        )
+
+    async def _route(
+        self, request: Request, path: str, raw: bytes, body: dict[str, Any], rid: str, t0: float
+    ) -> Response | RelayResponse:
+        gw = self.gw
+        s = gw.settings
+        model = body["model"]
+        if s.max_inflight and gw.pool.total_inflight() >= s.max_inflight:
+            gw.metrics.shed.labels(model, "max_inflight").inc()
+            raise GatewayError(
+                429,
+                "the gateway is at its in-flight limit; retry later",
+                code="overloaded",
+                retry_after=s.retry_after,
+            )
+        pipeline = gw.pipeline_for(model)
+        info = self._request_info(request, body, pipeline.uses_prefix)
+        headers = self._upstream_headers(request, rid)
+        stream = info.stream
+        tried: set[str] = set()
+        last: Retryable | None = None
+        for _ in range(1 + s.retries):
+            view = gw.pool.view
+            if tried:
+                view = ClusterView(
+                    tuple(b for b in view.backends if b.id not in tried),
+                    stale_after=view.stale_after,
+                )
+            td = time.perf_counter()
+            decision = pipeline.decide(info, view)
+            gw.metrics.decision.labels(pipeline.name).observe(time.perf_counter() - td)
+            if decision.backend is None:
+                if last is not None:
+                    break
+                gw.metrics.shed.labels(model, "no_backend").inc()
+                raise GatewayError(
+                    503,
+                    f"no backend can take this request: {decision.reason}",
+                    code="no_capacity",
+                    retry_after=s.retry_after,
+                )
+            backend = gw.pool.get(decision.backend.id)
+            if backend is None:
+                tried.add(decision.backend.id)
+                continue
+            gw.metrics.decisions.labels(pipeline.name, backend.id).inc()
+            tried.add(backend.id)
+            gw.pool.dispatched(backend, info.block_hashes)
+            t_sent = time.perf_counter()
+            try:
+                up = await cancel_on_disconnect(
+                    self._open(backend, path, raw, headers, stream), request.receive
+                )
+            except Retryable as exc:
+                gw.pool.finished(backend)
+                if gw.pool.failed(backend):
+                    log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
+                gw.metrics.retries.labels(backend.id, exc.reason).inc()
+                last = exc
+                continue
+            except (ClientGone, asyncio.CancelledError):
+                gw.pool.finished(backend)
+                gw.metrics.requests.labels(model, backend.id, "499").inc()
+                raise
+            t_back = time.perf_counter()
+            return self._respond(up, model, rid, t0, t_sent, t_back, stream)
+        assert last is not None
+        raise last.error
+
+    def _upstream_headers(self, request: Request, rid: str) -> list[tuple[bytes, bytes]]:
+        out = [(k, v) for k, v in request.headers.raw if k not in _DROP_UP]
+        if not any(k == b"x-request-id" for k, _ in out):
+            out.append((b"x-request-id", rid.encode()))
+        if not self.gw.settings.api_keys:
+            auth = request.headers.get("authorization")
+            if auth:
+                out.append((b"authorization", auth.encode()))
+        return out
+
+    async def _open(
+        self,
+        backend: Backend,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        stream: bool,
+    ) -> Upstream:
+        url = backend.config.url + path
+        hdrs = list(headers)
+        if backend.config.api_key is not None:
+            hdrs = [(k, v) for k, v in hdrs if k != b"authorization"]
+            hdrs.append(
+                (b"authorization", b"Bearer " + backend.config.api_key.get_secret_value().encode())
+            )
+        client = self.gw.client
+        req = client.build_request("POST", url, content=raw, headers=hdrs, timeout=self._timeout)
+        try:
+            resp = await client.send(req, stream=True)
+        except httpx.TimeoutException as exc:
+            raise Retryable(
+                GatewayError(504, f"backend {backend.id} timed out"), "timeout"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise Retryable(
+                GatewayError(502, f"backend {backend.id} is unreachable"), "connect"
+            ) from exc
+        try:
+            if resp.status_code >= 500 or resp.status_code == 429:
+                await resp.aread()
+                raise Retryable(
+                    GatewayError(502, f"backend {backend.id} answered {resp.status_code}"),
+                    f"status_{resp.status_code}",
+                )
+            if not stream or resp.status_code != 200:
+                return Upstream(backend, resp, await resp.aread(), None)
+            rest = resp.aiter_raw()
+            try:
+                first = await rest.__anext__()
+            except StopAsyncIteration:
+                first = b""
+            return Upstream(backend, resp, first, rest)
+        except httpx.TimeoutException as exc:
+            await resp.aclose()
+            raise Retryable(
+                GatewayError(504, f"backend {backend.id} sent no response in time"),
+                "first_byte_timeout",
+            ) from exc
+        except httpx.HTTPError as exc:
+            await resp.aclose()
+            raise Retryable(
+                GatewayError(502, f"backend {backend.id} failed before responding"), "broken"
+            ) from exc
+        except BaseException:
+            await resp.aclose()
+            raise
+
+    def _respond(
+        self,
+        up: Upstream,
+        model: str,
+        rid: str,
+        t0: float,
+        t_sent: float,
+        t_back: float,
+        stream: bool,
+    ) -> Response | RelayResponse:
+        gw = self.gw
+        b = up.backend
+        if up.response.status_code < 500:
+            gw.pool.succeeded(b)
+        headers = [(k, v) for k, v in up.response.headers.raw if k.lower() not in _DROP_DOWN]
+        headers.append((b"x-edgeroute-backend", b.id.encode()))
+        headers.append((b"x-request-id", rid.encode()))
+        status = up.response.status_code
+        if up.rest is None:
+            overhead = (t_sent - t0) + (time.perf_counter() - t_back)
+            headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
+            headers.append((b"content-length", str(len(up.first)).encode()))
+            gw.pool.finished(b)
+            gw.metrics.overhead.observe(overhead)
+            gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
+            gw.metrics.requests.labels(model, b.id, str(status)).inc()
+            return _Raw(status, headers, up.first)
+        overhead = (t_sent - t0) + (time.perf_counter() - t_back)
+        headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
+        gw.metrics.overhead.observe(overhead)
+        gw.metrics.ttft.labels(model, b.id).observe(t_back - t0)
+        return RelayResponse(status, headers, self._relay(up, model, t0, t_back))
+
+    async def _relay(
+        self, up: Upstream, model: str, t0: float, t_first: float
+    ) -> AsyncGenerator[bytes, None]:
+        gw = self.gw
+        b = up.backend
+        status = str(up.response.status_code)
+        itl = gw.metrics.itl.labels(model, b.id)
+        last = t_first
+        assert up.rest is not None
+        try:
+            if up.first:
+                yield up.first
+            while True:
+                try:
+                    async with asyncio.timeout(self._idle):
+                        chunk = await up.rest.__anext__()
+                except StopAsyncIteration:
+                    break
+                now = time.perf_counter()
+                itl.observe(now - last)
+                last = now
+                yield chunk
+        except (httpx.HTTPError, TimeoutError) as exc:
+            status = "502"
+            reason = "went silent" if isinstance(exc, TimeoutError) else "failed"
+            gw.pool.failed(b)
+            log.warning("backend %s %s mid-stream", b.id, reason)
+            err = GatewayError(
+                502,
+                f"backend {b.id} {reason} mid-stream; the response is incomplete",
+                code="upstream_error",
+            )
+            yield err.sse_event()
+        finally:
+            await up.response.aclose()
+            gw.pool.finished(b)
+            gw.metrics.requests.labels(model, b.id, status).inc()
+            gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
+
+
+class _Raw(Response):
+    """A response whose headers are already raw pairs."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status
+        self.body = body
+        self.raw_headers = headers
+        self.background = None

@@ -1,0 +1,115 @@
+"""Typed settings: YAML file, then `EDGEROUTE_*` environment variables, then arguments.
+
+Nested fields use `__` in the environment, e.g. `EDGEROUTE_ROUTING__DEFAULT__POLICY=cla`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policies import PipelineSpec
+from policies.types import Role
+
+
+class BackendConfig(BaseModel):
+    """A backend named in the config file or added over the admin API."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    id: str | None = None
+    role: Role = "both"
+    models: list[str] = Field(default_factory=list)  # empty: discovered from /v1/models
+    api_key: SecretStr | None = None
+    draining: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        v = v.rstrip("/")
+        if not v.startswith(("http://", "https://")) or len(v) < 10:
+            raise ValueError("url must be an http:// or https:// URL")
+        return v
+
+    @property
+    def backend_id(self) -> str:
+        return self.id or self.url.split("://", 1)[1]
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default: PipelineSpec = Field(default_factory=PipelineSpec)
+    models: dict[str, PipelineSpec] = Field(default_factory=dict)
+
+    def spec_for(self, model: str) -> PipelineSpec:
+        return self.models.get(model, self.default)
+
+
+class Timeouts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    connect: float = Field(default=2.0, gt=0)
+    first_byte: float = Field(default=120.0, gt=0)  # until the first body bytes
+    idle: float = Field(default=30.0, gt=0)  # between two chunks of a stream
+    scrape: float = Field(default=1.0, gt=0)
+
+
+class CircuitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    failures: int = Field(default=3, ge=1)  # consecutive failures that open it
+    open_seconds: float = Field(default=5.0, gt=0)  # before a probe may close it
+
+
+class Settings(BaseSettings):
+    """Everything the gateway reads at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EDGEROUTE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backends: list[BackendConfig] = Field(default_factory=list)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    redis_url: str | None = None  # None: start an embedded Valkey server
+    admin_token: SecretStr | None = None  # None: the admin API answers 401 to everyone
+    api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client keys needed
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_inflight: int = Field(default=4096, ge=0)  # per replica; 0 means unlimited
+    retries: int = Field(default=2, ge=0)  # other backends tried before the first byte
+    retry_after: float = Field(default=1.0, gt=0)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    circuit: CircuitConfig = Field(default_factory=CircuitConfig)
+    scrape_interval: float = Field(default=1.0, gt=0)
+    health_interval: float = Field(default=2.0, gt=0)
+    stale_after: float = Field(default=5.0, gt=0)  # engine stats older than this do not steer
+    sync_interval: float = Field(default=0.2, gt=0)  # shared-store refresh period
+    replica_ttl: float = Field(default=10.0, gt=0)
+    replica_id: str | None = None
+    prefix_block_tokens: int = Field(default=64, ge=1)
+    prefix_cache_entries: int = Field(default=20000, ge=1)  # block hashes kept per backend
+    log_level: str = "INFO"
+    json_logs: bool = True
+
+
+def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
+    """Settings from a YAML file (or `EDGEROUTE_CONFIG`), overridden by the environment,
+    overridden by keyword arguments."""
+    path = config or os.environ.get("EDGEROUTE_CONFIG")
+    file_values: dict[str, Any] = {}
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config file must hold a mapping")
+        file_values = loaded
+    from_env = Settings()
+    env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
+    return Settings(**{**file_values, **env_values, **overrides})

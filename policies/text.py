@@ -1,0 +1,71 @@
+"""Prompt text, token estimates and prefix block hashes.
+
+The gateway and the emulated workers both use these, so a prefix the gateway
+believes a backend holds is the prefix the worker actually caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free estimate: four characters a token, at least one."""
+    return max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """All prompt text of a chat or completion body, messages joined by newlines."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    return ""
+
+
+def last_user_text(body: Mapping[str, Any]) -> str:
+    """The last user message (or the completion prompt): what a data set's prompt matches."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for m in reversed(messages):
+            if isinstance(m, dict) and m.get("role") == "user":
+                return _content_text(m.get("content"))
+        return ""
+    return prompt_text(body)
+
+
+def block_hashes(text: str, block_tokens: int, limit: int = 1024) -> tuple[int, ...]:
+    """Chained hashes of the prompt's full blocks, as a prefix cache keys them.
+
+    Block i's hash covers blocks 0..i, so equal hashes mean equal prefixes.
+    Stable across processes (unlike `hash()`), so replicas and workers agree.
+    """
+    size = block_tokens * CHARS_PER_TOKEN
+    out: list[int] = []
+    prev = b""
+    for start in range(0, min(len(text) // size, limit) * size, size):
+        digest = hashlib.blake2b(prev + text[start : start + size].encode(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little"))
+        prev = digest
+    return tuple(out)
+
+
+def stable_hash(value: str) -> int:
+    """A 64-bit hash that every process computes alike."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little")

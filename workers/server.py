@@ -1,0 +1,462 @@
+"""The emulated worker's HTTP server: vLLM's OpenAI API, `/metrics`, `/health`, `/load`.
+
+A request is validated as vLLM would, its answer decided (real data or the
+model's distributions), its text generated deterministically from the seed, and
+it then runs through the engine, which paces every token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from oracle.topology import Topology
+from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
+from workers.engine import Engine, EngineError, Sequence
+from workers.kvtransfer import SharedLink
+from workers.metrics import WorkerMetrics
+from workers.profiles import PROFILES, EngineProfile
+from workers.quality import GroundTruth, Outcome
+from workers.textgen import generate, truncate_at_stop
+
+log = logging.getLogger("edgeroute.worker")
+
+WorkerRole = Literal["both", "prefill", "decode"]
+
+
+class WorkerConfig(BaseModel):
+    """One emulated worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str = "mistral-7b-chat"
+    served_model_names: list[str] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 8100
+    speedup: float = Field(default=1.0, gt=0)
+    role: WorkerRole = "both"
+    instance_id: str | None = None
+    topology: Topology | None = None
+    data_dir: Path | None = None
+    overrides: dict[str, float | int] = Field(default_factory=dict)
+    # Prompts not in the data sets answer like this task's prompts. The multiple-choice
+    # tasks answer with one letter; free-form chat is closer to code generation.
+    default_task: str = "mbpp"
+
+    def engine_profile(self) -> EngineProfile:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")
+        return PROFILES[self.profile].with_overrides(**self.overrides)
+
+    @property
+    def names(self) -> list[str]:
+        return self.served_model_names or [self.profile]
+
+    @property
+    def id(self) -> str:
+        return self.instance_id or f"{self.host}:{self.port}"
+
+
+def _error(status: int, message: str, param: str | None = None) -> Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+class _Invalid(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _Invalid(f"'{name}' must be an integer >= {low}", name)
+    return value
+
+
+def _stop_list(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise _Invalid("'stop' must be a string or a list of strings", "stop")
+
+
+class Worker:
+    """One emulated vLLM server: engine, ground truth, metrics and its ASGI app."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.profile = config.engine_profile()
+        self.engine = Engine(self.profile, speedup=config.speedup)
+        self.metrics = WorkerMetrics(self.engine, config.names[0])
+        self.engine._observer = self.metrics.observe
+        data_model = PROFILES[config.profile].data_model
+        self.truth = GroundTruth(data_model, config.data_dir) if data_model else None
+        self.links: dict[str, SharedLink] = {}
+        self.started = int(time.time())
+        self.app = self._build_app()
+
+    # -- answers -------------------------------------------------------------
+
+    def _outcome(self, body: dict[str, Any], task: str | None, seed: int) -> Outcome:
+        if self.truth is None:
+            return Outcome(tokens=16, score=0.0, task="none", source="fixed")
+        return self.truth.outcome(last_user_text(body), task, seed)
+
+    async def _receive_kv(self, params: dict[str, Any], prompt_tokens: int) -> None:
+        """Wait for the prefill instance's KV cache to arrive over the emulated network."""
+        topo = self.config.topology
+        source = str(params.get("remote_engine_id") or "")
+        if topo is None or not source:
+            return
+        tier = topo.tier(source, self.config.id)
+        link = self.links.get(tier)
+        if link is None:
+            link = SharedLink(
+                functools.partial(topo.effective_bandwidth, tier), self.config.speedup
+            )
+            self.links[tier] = link
+        nbytes = prompt_tokens * self.profile.kv_bytes_per_token
+        start = self.engine.now()
+        await asyncio.sleep(topo.tier_latency[tier] * 1e-6 / self.config.speedup)
+        await link.send(nbytes)
+        self.metrics.xfer_time.observe(self.engine.now() - start)
+        self.metrics.xfer_bytes.observe(nbytes)
+
+    # -- the OpenAI endpoints --------------------------------------------------
+
+    async def _completion(self, request: Request, chat: bool) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"invalid JSON body: {exc}")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            return await self._run(request, body, chat)
+        except _Invalid as exc:
+            return _error(exc.status, str(exc), exc.param)
+
+    async def _run(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
+        model = body.get("model")
+        if model not in self.config.names:
+            raise _Invalid(f"The model `{model}` does not exist.", "model", 404)
+        if chat and not isinstance(body.get("messages"), list):
+            raise _Invalid("'messages' must be a list", "messages")
+        if not chat and not isinstance(body.get("prompt"), str | list):
+            raise _Invalid("'prompt' must be a string or a list", "prompt")
+        if _int_field(body, "n", 1) not in (None, 1):
+            raise _Invalid("only n=1 is supported", "n")
+        max_tokens = _int_field(body, "max_completion_tokens", 1) or _int_field(
+            body, "max_tokens", 1
+        )
+        stop = _stop_list(body)
+        seed_field = _int_field(body, "seed", -(2**63))
+        stream = bool(body.get("stream", False))
+        usage_in_stream = bool((body.get("stream_options") or {}).get("include_usage"))
+        text = prompt_text(body)
+        prompt_tokens = estimate_tokens(text)
+        limit = self.profile.max_model_len
+        if prompt_tokens >= limit:
+            raise _Invalid(
+                f"This model's maximum context length is {limit} tokens; "
+                f"the prompt has {prompt_tokens}.",
+                "messages" if chat else "prompt",
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens > limit:
+            raise _Invalid(
+                f"This model's maximum context length is {limit} tokens. You requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{max_tokens} in the completion).",
+                "max_tokens",
+            )
+
+        seed = seed_field if seed_field is not None else stable_hash(text + str(model))
+        task = request.headers.get("x-edgeroute-task") or self.config.default_task
+        outcome = self._outcome(body, task, seed)
+        want = outcome.tokens if max_tokens is None else min(max_tokens, outcome.tokens)
+        want = min(want, limit - prompt_tokens)
+        pieces = generate(seed, want)
+        emit, stopped = truncate_at_stop(pieces, stop)
+        finish = "stop" if stopped or want == outcome.tokens else "length"
+
+        kv_params = body.get("kv_transfer_params") or {}
+        if not isinstance(kv_params, dict):
+            raise _Invalid("'kv_transfer_params' must be an object", "kv_transfer_params")
+        remote_decode = bool(kv_params.get("do_remote_decode"))
+        remote_prefill = bool(kv_params.get("do_remote_prefill"))
+        if remote_decode:
+            pieces, emit, finish = pieces[:1], min(emit, 1), "length"
+
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        seq = Sequence(
+            id=rid,
+            prompt_tokens=prompt_tokens,
+            target_tokens=max(emit, 1) if remote_decode else emit,
+            prefix_hashes=block_hashes(text, self.profile.block_size),
+        )
+        headers = {
+            "x-emulated-score": f"{outcome.score:g}",
+            "x-emulated-task": outcome.task,
+            "x-emulated-source": outcome.source,
+            "x-emulated-backend": self.config.id,
+        }
+        if remote_prefill:
+            await self._receive_kv(kv_params, prompt_tokens)
+            seq.remote_cached_tokens = prompt_tokens
+        out_params = None
+        if remote_decode:
+            out_params = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.config.id,
+                "remote_block_ids": list(range(self.profile.blocks_for(prompt_tokens))),
+                "remote_host": self.config.host,
+                "remote_port": self.config.port,
+                "tp_size": 1,
+            }
+        if emit == 0 and not remote_decode:
+            return self._respond(
+                rid,
+                model,
+                chat,
+                stream,
+                usage_in_stream,
+                pieces[:0],
+                finish,
+                prompt_tokens,
+                headers,
+                out_params,
+            )
+        try:
+            self.engine.submit(seq)
+        except EngineError as exc:
+            raise _Invalid(str(exc), "max_tokens") from exc
+        if stream:
+            return StreamingResponse(
+                self._stream(
+                    seq, rid, str(model), chat, pieces, finish, usage_in_stream, prompt_tokens
+                ),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        try:
+            while (await seq.tokens.get()) is not None:
+                pass
+        except asyncio.CancelledError:
+            self.engine.cancel(seq)
+            raise
+        if seq.error:
+            return _error(500, seq.error)
+        return self._respond(
+            rid,
+            model,
+            chat,
+            False,
+            False,
+            pieces[: seq.generated],
+            finish,
+            prompt_tokens,
+            headers,
+            out_params,
+        )
+
+    def _respond(
+        self,
+        rid: str,
+        model: Any,
+        chat: bool,
+        stream: bool,
+        usage_in_stream: bool,
+        pieces: list[str],
+        finish: str,
+        prompt_tokens: int,
+        headers: dict[str, str],
+        kv_params: dict[str, Any] | None,
+    ) -> Response:
+        text = "".join(pieces)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(pieces),
+            "total_tokens": prompt_tokens + len(pieces),
+        }
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        body = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+            "kv_transfer_params": kv_params,
+        }
+        return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+    async def _stream(
+        self,
+        seq: Sequence,
+        rid: str,
+        model: str,
+        chat: bool,
+        pieces: list[str],
+        finish: str,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        head = orjson.dumps({"id": rid, "object": kind, "created": created, "model": model})[:-1]
+
+        def chunk(delta: str, reason: str | None) -> bytes:
+            if chat:
+                choice = {
+                    "index": 0,
+                    "delta": {"content": delta},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+            else:
+                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+            return b"data: " + head + b',"choices":[' + orjson.dumps(choice) + b"]}\n\n"
+
+        try:
+            n = len(pieces)
+            first = True
+            while (index := await seq.tokens.get()) is not None:
+                if first and chat:
+                    # vLLM sends the role with the first token, not before it.
+                    role = {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    yield b"data: " + head + b',"choices":[' + orjson.dumps(role) + b"]}\n\n"
+                first = False
+                yield chunk(pieces[index - 1], finish if index == n else None)
+            if seq.error:
+                err = {
+                    "error": {
+                        "message": seq.error,
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                }
+                yield b"data: " + orjson.dumps(err) + b"\n\n"
+                return
+            if n == 0:
+                yield chunk("", finish)
+            if include_usage:
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": seq.generated,
+                    "total_tokens": prompt_tokens + seq.generated,
+                }
+                yield (
+                    b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n"
+                )
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not seq.finished:
+                self.engine.cancel(seq)
+
+    # -- the app ---------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        worker = self
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            worker.engine.start()
+            log.info(
+                "worker %s (%s, role %s, speedup %g) ready",
+                worker.config.id,
+                worker.config.profile,
+                worker.config.role,
+                worker.config.speedup,
+            )
+            yield
+            await worker.engine.stop()
+            log.info("worker %s stopped", worker.config.id)
+
+        app = FastAPI(
+            title=f"edgeroute worker ({self.config.profile})",
+            docs_url=None,
+            redoc_url=None,
+            lifespan=lifespan,
+        )
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return await worker._completion(request, chat=True)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return await worker._completion(request, chat=False)
+
+        @app.get("/v1/models")
+        async def models() -> Response:
+            data = [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": worker.started,
+                    "owned_by": "edgeroute",
+                    "root": worker.config.profile,
+                    "max_model_len": worker.profile.max_model_len,
+                }
+                for name in worker.config.names
+            ]
+            return Response(
+                orjson.dumps({"object": "list", "data": data}), media_type="application/json"
+            )
+
+        @app.get("/health")
+        async def health() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/load")
+        async def load() -> Response:
+            e = worker.engine
+            return Response(
+                orjson.dumps({"server_load": len(e.running) + len(e.waiting)}),
+                media_type="application/json",
+            )
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(
+                worker.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            )
+
+        return app
