@@ -48,6 +48,7 @@ class Monitor:
         self.last_sync = time.monotonic()
         self.config_version = -1
         self.replicas = 1
+        self._stopping = False
 
     def start(self) -> None:
         s = self.gw.settings
@@ -60,13 +61,15 @@ class Monitor:
             self._tasks.append(asyncio.create_task(self._loop(name, step, every), name=name))
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
     async def _loop(self, name: str, step: Callable[[], Awaitable[None]], every: float) -> None:
-        while True:
+        me = asyncio.current_task()
+        while not self._stopping:
             started = time.monotonic()
             try:
                 await step()
@@ -74,6 +77,10 @@ class Monitor:
                 raise
             except Exception:
                 log.exception("%s step failed", name)
+            # Some client libraries swallow a cancellation that lands inside them;
+            # honour it here, or stop() would wait for ever.
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
 
     # -- scrape ---------------------------------------------------------------------

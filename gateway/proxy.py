@@ -170,7 +170,7 @@ class Proxy:
             return await self._route(request, path, raw, body, rid, t0)
         except GatewayError as exc:
             self.gw.metrics.requests.labels(model_label, "none", str(exc.status)).inc()
-            if exc.status >= 500:
+            if exc.status in (502, 504):
                 log.warning(
                     "request failed",
                     extra={"request_id": rid, "status": exc.status, "error": exc.message},

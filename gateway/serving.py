@@ -26,7 +26,9 @@ class Listener:
     port: int
 
 
-def make_server(listener: Listener, log_level: str = "warning") -> uvicorn.Server:
+def make_server(
+    listener: Listener, log_level: str = "warning", graceful_seconds: int = 5
+) -> uvicorn.Server:
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
@@ -35,7 +37,7 @@ def make_server(listener: Listener, log_level: str = "warning") -> uvicorn.Serve
         access_log=False,
         loop="none",
         lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=graceful_seconds,
     )
     return _Server(config)
 

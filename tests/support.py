@@ -61,7 +61,7 @@ class ServerThread:
 
     def serve(self, app: Any, port: int | None = None) -> tuple[str, Any]:
         port = port or free_port()
-        server = make_server(Listener(app, "127.0.0.1", port))
+        server = make_server(Listener(app, "127.0.0.1", port), graceful_seconds=1)
         fut = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
         self._running.append((server, fut))
         wait_until(lambda: server.started or fut.done(), timeout=30)

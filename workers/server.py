@@ -169,7 +169,9 @@ class Worker:
         if fault.mode == "error":
             return _error(fault.status, "injected fault")
         if fault.mode == "hang":
-            await asyncio.Event().wait()
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            return Response(status_code=499)
         if fault.mode == "garbage":
             return Response(b"\x00not json{{{", media_type="application/json")
         try:

@@ -1,0 +1,176 @@
+"""Every error a client can get, each in OpenAI's shape with the right status."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import free_port
+
+Start = Callable[..., tuple[str, Any]]
+CHAT = "/v1/chat/completions"
+MODEL = "mistral-7b-chat"
+
+
+def chat_body(**kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }
+    body.update(kw)
+    return body
+
+
+def assert_openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return dict(err)
+
+
+@pytest.fixture
+def gw(start_worker: Start, start_gateway: Start) -> Iterator[str]:
+    wurl, _ = start_worker()
+    url, _ = start_gateway([wurl], api_keys=["sk-good"], max_body_bytes=4096)
+    yield url
+
+
+AUTH = {"authorization": "Bearer sk-good"}
+
+
+def test_400_bad_json_and_bad_schema(gw: str) -> None:
+    r = httpx.post(gw + CHAT, content=b"{not json", headers=AUTH)
+    assert_openai_error(r, 400)
+    bad_utf8 = httpx.post(gw + CHAT, content=b'{"model": "\xff\xfe"}', headers=AUTH)
+    assert_openai_error(bad_utf8, 400)
+    for body, param in [
+        ([1, 2], None),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        (chat_body(messages="hello"), "messages"),
+        (chat_body(messages=[]), "messages"),
+        (chat_body(messages=[{"content": "no role"}]), "messages"),
+        (chat_body(max_tokens=0), "max_tokens"),
+        (chat_body(max_tokens=10**12), "max_tokens"),
+        (chat_body(temperature=9), "temperature"),
+        (chat_body(stream="yes"), "stream"),
+        (chat_body(stop=[1, 2]), "stop"),
+    ]:
+        err = assert_openai_error(httpx.post(gw + CHAT, json=body, headers=AUTH), 400)
+        assert err["param"] == param, body
+    deep = b'{"model":"x","messages":' + b"[" * 10000 + b"]" * 10000 + b"}"
+    assert_openai_error(httpx.post(gw + CHAT, content=deep, headers=AUTH), 413)
+    completion = httpx.post(gw + "/v1/completions", json={"model": MODEL}, headers=AUTH)
+    assert assert_openai_error(completion, 400)["param"] == "prompt"
+
+
+def test_401_missing_or_bad_client_key(gw: str) -> None:
+    for headers in ({}, {"authorization": "Bearer sk-bad"}, {"authorization": "sk-good"}):
+        r = httpx.post(gw + CHAT, json=chat_body(), headers=headers)
+        err = assert_openai_error(r, 401)
+        assert err["code"] == "invalid_api_key"
+    assert httpx.post(gw + CHAT, json=chat_body(), headers=AUTH).status_code == 200
+
+
+def test_404_unknown_model(gw: str) -> None:
+    r = httpx.post(gw + CHAT, json=chat_body(model="gpt-9"), headers=AUTH)
+    err = assert_openai_error(r, 404)
+    assert err["param"] == "model" and err["code"] == "model_not_found"
+
+
+def test_413_body_over_the_limit_declared_or_chunked(gw: str) -> None:
+    big = chat_body(messages=[{"role": "user", "content": "x" * 5000}])
+    assert_openai_error(httpx.post(gw + CHAT, json=big, headers=AUTH), 413)
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "mistral-7b-chat", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}]}'
+
+    r = httpx.post(gw + CHAT, content=chunks(), headers=AUTH)  # no content-length
+    assert_openai_error(r, 413)
+
+
+def test_429_when_the_replica_is_at_its_inflight_limit(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    wurl, _ = start_worker(speedup=1.0)
+    url, _ = start_gateway([wurl], max_inflight=1)
+    release = threading.Event()
+
+    def hold() -> None:
+        with httpx.stream(
+            "POST", url + CHAT, json=chat_body(max_tokens=200, stream=True), timeout=30
+        ) as r:
+            for _ in r.iter_lines():
+                if release.is_set():
+                    break
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        from tests.support import wait_until
+
+        wait_until(
+            lambda: (
+                httpx.get(url + "/metrics").text.find("edgeroute_replica_inflight_requests 1.0")
+                >= 0
+            )
+        )
+        r = httpx.post(url + CHAT, json=chat_body())
+        assert_openai_error(r, 429)
+        assert int(r.headers["retry-after"]) >= 1
+    finally:
+        release.set()
+        t.join(30)
+
+
+def test_503_with_retry_after_when_no_backend_can_serve(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    wurl, _ = start_worker()
+    url, gw = start_gateway(
+        [{"url": wurl, "id": "w0", "draining": True}], routing={"default": {"policy": "least_load"}}
+    )
+    r = httpx.post(url + CHAT, json=chat_body())
+    err = assert_openai_error(r, 503)
+    assert err["code"] == "no_capacity" and int(r.headers["retry-after"]) >= 1
+
+
+def test_502_when_backends_fail_or_are_unreachable(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    wurl, _ = start_worker(enable_faults=True, fault={"mode": "error", "status": 500})
+    dead = f"http://127.0.0.1:{free_port()}"
+    url, _ = start_gateway([wurl, dead], retries=1)
+    r = httpx.post(url + CHAT, json=chat_body())
+    assert_openai_error(r, 502)
+
+
+def test_502_when_a_backend_answers_garbage(start_worker: Start, start_gateway: Start) -> None:
+    wurl, _ = start_worker(enable_faults=True, fault={"mode": "garbage"})
+    url, _ = start_gateway([wurl], retries=0)
+    r = httpx.post(url + CHAT, json=chat_body())
+    # A 200 with a body that is not JSON is relayed as received: the gateway does not
+    # re-parse responses. The SDK-facing contract is the status and headers.
+    assert r.status_code == 200 and r.headers["x-edgeroute-backend"]
+
+
+def test_504_when_the_backend_hangs(start_worker: Start, start_gateway: Start) -> None:
+    wurl, _ = start_worker(enable_faults=True, fault={"mode": "hang"})
+    url, _ = start_gateway(
+        [wurl], retries=0, timeouts={"connect": 0.5, "first_byte": 0.5, "idle": 1.0, "scrape": 0.5}
+    )
+    r = httpx.post(url + CHAT, json=chat_body(), timeout=10)
+    assert_openai_error(r, 504)
+
+
+def test_unknown_routes_and_methods_are_openai_errors(gw: str) -> None:
+    assert_openai_error(httpx.get(gw + "/v1/nothing"), 404)
+    assert_openai_error(httpx.get(gw + CHAT), 405)
