@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.relay import ClientGone, cancel_on_disconnect
 from oracle.topology import Topology
 from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
 from workers.engine import Engine, EngineError, Sequence
@@ -282,12 +283,16 @@ class Worker:
                 media_type="text/event-stream",
                 headers=headers,
             )
-        try:
+
+        async def until_done() -> None:
             while (await seq.tokens.get()) is not None:
                 pass
-        except asyncio.CancelledError:
+
+        try:
+            await cancel_on_disconnect(until_done(), request.receive)
+        except (ClientGone, asyncio.CancelledError):
             self.engine.cancel(seq)
-            raise
+            return Response(status_code=499)
         if seq.error:
             return _error(500, seq.error)
         return self._respond(
