@@ -117,10 +117,9 @@ class Gateway:
 
     async def push_local_config(self) -> None:
         """Seed the store with this replica's config where the store has none."""
-        await self.store.seed_backends({c.backend_id: backend_json(c) for c in self.pool.configs()})
         specs = {m: s.model_dump_json(exclude_none=True) for m, s in self.routing.models.items()}
         specs[DEFAULT_ROUTE] = self.routing.default.model_dump_json(exclude_none=True)
-        await self.store.seed_routing(specs)
+        await self.store.seed({c.backend_id: backend_json(c) for c in self.pool.configs()}, specs)
 
     async def reload_config(self) -> None:
         backends, routing = await self.store.load_config()

@@ -144,8 +144,7 @@ class Monitor:
     async def sync(self) -> None:
         gw = self.gw
         store = gw.store
-        if await store.revive_embedded():
-            await gw.push_local_config()
+        await store.revive_embedded()
         local = {b.id: b.inflight for b in gw.pool}
         try:
             result = await store.sync(local)
@@ -160,7 +159,13 @@ class Monitor:
         gw.metrics.replicas.set(result.replicas)
         for b in gw.pool:
             b.remote_inflight = result.remote_inflight.get(b.id, 0)
-        if result.config_version != self.config_version:
+        if result.config_version == 0:
+            # The store has lost its state (restarted without persistence): give it
+            # this replica's config back rather than adopt an empty one.
+            log.warning("shared store holds no config; re-seeding it from this replica")
+            await gw.push_local_config()
+            self.config_version = -1
+        elif result.config_version != self.config_version:
             await gw.reload_config()
             self.config_version = result.config_version
         gw.pool.rebuild()

@@ -196,25 +196,18 @@ class SharedStore:
 
     # -- shared configuration ---------------------------------------------------------
 
-    async def seed_backends(self, configs: dict[str, str]) -> None:
-        """Add the config file's backends unless the store already knows them."""
+    async def seed(self, backends: dict[str, str], routing: dict[str, str]) -> None:
+        """Add entries the store does not have yet (config-file values never overwrite
+        runtime changes), then bump the version so that it is never 0 after a seed."""
 
         async def step(r: aioredis.Redis) -> None:
-            added = 0
-            for bid, payload in configs.items():
-                added += await r.hsetnx(CONFIG_BACKENDS, bid, payload)
-            if added:
-                await r.incr(CONFIG_VERSION)
-
-        await self._call(step)
-
-    async def seed_routing(self, specs: dict[str, str]) -> None:
-        async def step(r: aioredis.Redis) -> None:
-            added = 0
-            for model, payload in specs.items():
-                added += await r.hsetnx(CONFIG_ROUTING, model, payload)
-            if added:
-                await r.incr(CONFIG_VERSION)
+            async with r.pipeline(transaction=True) as p:
+                for bid, payload in backends.items():
+                    p.hsetnx(CONFIG_BACKENDS, bid, payload)
+                for model, payload in routing.items():
+                    p.hsetnx(CONFIG_ROUTING, model, payload)
+                p.incr(CONFIG_VERSION)
+                await p.execute()
 
         await self._call(step)
 

@@ -1,0 +1,103 @@
+"""Metrics, health endpoints, JSON logs with request ids, and no secrets anywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.logs import JsonFormatter
+from tests.support import free_port, wait_until
+
+Start = Callable[..., tuple[str, Any]]
+MODEL = "mistral-7b-chat"
+
+
+def test_metrics_cover_requests_latency_overhead_decisions_and_backends(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    w, _ = start_worker()
+    url, _ = start_gateway([{"url": w, "id": "w0"}])
+    httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+            "stream": True,
+        },
+    ) as r:
+        r.read()
+    wait_until(lambda: "edgeroute_backend_healthy" in httpx.get(url + "/metrics").text)
+    text = httpx.get(url + "/metrics").text
+    for series in (
+        f'edgeroute_requests_total{{backend="w0",model="{MODEL}",status="200"}} 2.0',
+        f'edgeroute_request_duration_seconds_count{{backend="w0",model="{MODEL}"}} 2.0',
+        f'edgeroute_time_to_first_token_seconds_count{{backend="w0",model="{MODEL}"}} 1.0',
+        "edgeroute_inter_token_latency_seconds_bucket",
+        "edgeroute_gateway_overhead_seconds_count 2.0",
+        'edgeroute_policy_decision_seconds_count{policy="least_load"} 2.0',
+        'edgeroute_policy_decisions_total{backend="w0",policy="least_load"} 2.0',
+        'edgeroute_backend_healthy{backend="w0"} 1.0',
+        'edgeroute_backend_circuit_state{backend="w0"} 0.0',
+        'edgeroute_inflight_requests{backend="w0"}',
+        "edgeroute_replica_inflight_requests",
+        'edgeroute_backend_stats_age_seconds{backend="w0"}',
+        "edgeroute_telemetry_staleness_seconds",
+        "edgeroute_store_up 1.0",
+    ):
+        assert series in text, series
+    assert "vllm:" not in text
+
+
+def test_healthz_and_readyz(start_worker: Start, start_gateway: Start) -> None:
+    w, _ = start_worker()
+    url, _ = start_gateway([w])
+    assert httpx.get(url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(url + "/readyz").status_code == 200
+    dead_url, _ = start_gateway([f"http://127.0.0.1:{free_port()}"])
+    wait_until(lambda: httpx.get(dead_url + "/readyz").status_code == 503, timeout=3)
+    assert httpx.get(dead_url + "/healthz").status_code == 200
+
+
+def test_logs_are_json_with_the_request_id_and_never_hold_secrets_or_bodies(
+    start_worker: Start, start_gateway: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    w, _ = start_worker(enable_faults=True, fault={"mode": "error", "status": 500})
+    url, _ = start_gateway([w], api_keys=["sk-client-secret"], retries=0)
+    caplog.set_level(logging.DEBUG, logger="edgeroute")
+    secret_body = "my-private-prompt-text"
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        headers={"authorization": "Bearer sk-client-secret", "x-request-id": "rid-9"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": secret_body}]},
+    )
+    assert r.status_code == 502
+    httpx.post(
+        url + "/v1/chat/completions",
+        headers={"authorization": "Bearer sk-wrong-key"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": secret_body}]},
+    )
+    httpx.get(url + "/admin/backends", headers={"authorization": "Bearer not-the-admin-token"})
+    lines = [JsonFormatter().format(rec) for rec in caplog.records]
+    assert lines
+    failed = [json.loads(line) for line in lines if "request failed" in line]
+    assert failed and failed[0]["request_id"] == "rid-9" and failed[0]["status"] == 502
+    everything = "\n".join(lines) + httpx.get(url + "/metrics").text
+    for secret in (
+        "sk-client-secret",
+        "sk-wrong-key",
+        "test-admin-token",
+        "not-the-admin-token",
+        secret_body,
+    ):
+        assert secret not in everything
