@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,7 +67,7 @@ class Gateway:
         self._pipelines: dict[str, Pipeline] = {}
         self._default = build_pipeline(settings.routing.default)
         self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
-        self.client = httpx.AsyncClient()
+        self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
         self.monitor = Monitor(self)
         self.proxy = Proxy(self)
         self.started = False
@@ -75,11 +75,12 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.client.aclose()
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0
-            ),
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+            # Bytes pass through as the backend sent them: no decompression, no added
+            # Accept-Encoding or User-Agent.
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
             trust_env=False,
         )
         self._apply_routing(self.settings.routing)
@@ -97,8 +98,15 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.monitor.stop()
-        await self.client.aclose()
+        if self._client is not None:
+            await self._client.close()
         await self.store.close()
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            raise RuntimeError("the gateway has not started")
+        return self._client
 
     # -- configuration --------------------------------------------------------------
 

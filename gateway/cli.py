@@ -21,6 +21,16 @@ if TYPE_CHECKING:
 DEMO_ALIAS = "edge-llm"
 
 
+def _overrides(pairs: list[str]) -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if not key or not value:
+            raise SystemExit(f"--set takes key=value, not {pair!r}")
+        out[key] = int(value) if value.isdigit() else float(value)
+    return out
+
+
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
     from oracle.topology import Topology
     from workers.quality import default_data_dir
@@ -51,6 +61,8 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
                 ),
                 topology=topology,
                 data_dir=data_dir,
+                enable_faults=args.enable_faults,
+                overrides=_overrides(args.set or []),
             )
         )
     return out
@@ -198,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept POST /admin/fault to inject failures (tests only)",
     )
+    worker.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a profile constant, e.g. --set kv_blocks=512",
+    )
     worker.add_argument("--log-level", default="INFO")
     worker.add_argument("--plain-logs", action="store_true")
     worker.set_defaults(func=cmd_worker)
@@ -219,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--data-dir")
     fit.add_argument("--out")
     fit.set_defaults(func=cmd_fit_profiles)
+
+    from bench.cli import add_parser as add_bench
+
+    add_bench(sub)
     return p
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import httpx
+import aiohttp
 
 from gateway.backends import Backend
 from gateway.circuit import State
@@ -92,20 +92,21 @@ class Monitor:
         self._export()
 
     async def _scrape(self, b: Backend) -> None:
-        timeout = self.gw.settings.timeouts.scrape
         client = self.gw.client
+        timeout = aiohttp.ClientTimeout(total=self.gw.settings.timeouts.scrape)
         try:
             if not b.config.models and (not b.models or b.stats.scraped_at < 0):
-                r = await client.get(
+                async with client.get(
                     f"{b.config.url}/v1/models", timeout=timeout, headers=self.gw.backend_auth(b)
-                )
-                if r.status_code == 200:
-                    b.models = frozenset(m["id"] for m in r.json().get("data", []))
-            r = await client.get(f"{b.config.url}/metrics", timeout=timeout)
-            if r.status_code != 200:
-                return
-            samples = read_samples(r.text, WANTED)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                ) as r:
+                    if r.status == 200:
+                        data = await r.json(content_type=None)
+                        b.models = frozenset(m["id"] for m in data.get("data", []))
+            async with client.get(f"{b.config.url}/metrics", timeout=timeout) as r:
+                if r.status != 200:
+                    return
+                samples = read_samples(await r.text(), WANTED)
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
             return  # stats go stale, and stale stats do not steer
         running, waiting = _first(samples, RUNNING), _first(samples, WAITING)
         if running is None and waiting is None:
@@ -125,12 +126,11 @@ class Monitor:
     async def _probe(self, b: Backend) -> None:
         now = time.monotonic()
         b.circuit.available(now)  # moves an open circuit past its cool-down to half-open
+        timeout = aiohttp.ClientTimeout(total=self.gw.settings.timeouts.connect)
         try:
-            r = await self.gw.client.get(
-                f"{b.config.url}/health", timeout=self.gw.settings.timeouts.connect
-            )
-            ok = r.status_code == 200
-        except httpx.HTTPError:
+            async with self.gw.client.get(f"{b.config.url}/health", timeout=timeout) as r:
+                ok = r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             ok = False
         if ok:
             if b.circuit.state is State.HALF_OPEN:

@@ -16,11 +16,11 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,8 +39,20 @@ log = logging.getLogger("edgeroute.proxy")
 
 # Never forwarded in either direction: hop-by-hop, framing, or handled here.
 _DROP_UP = frozenset(
-    b"host content-length connection keep-alive transfer-encoding te trailer upgrade "
-    b"proxy-authorization proxy-connection authorization accept-encoding".split()
+    [
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "authorization",
+        "accept-encoding",
+    ]
 )
 _DROP_DOWN = frozenset(
     b"content-length connection keep-alive transfer-encoding te trailer upgrade "
@@ -54,9 +66,9 @@ class Upstream:
     """A backend's answer, received up to the point where it can still be retried."""
 
     backend: Backend
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     first: bytes  # the first body chunk (stream) or the whole body
-    rest: AsyncIterator[bytes] | None  # the remaining chunks of a stream
+    streaming: bool  # more chunks may follow `first`
 
 
 class Retryable(Exception):
@@ -137,11 +149,10 @@ class Proxy:
         self.gw = gateway
         s = gateway.settings
         self._seq = itertools.count()
-        self._timeout = httpx.Timeout(
-            connect=s.timeouts.connect,
-            read=s.timeouts.first_byte,
-            write=s.timeouts.connect,
-            pool=s.timeouts.connect,
+        # sock_read bounds every wait for bytes: the first byte, and (with `idle`,
+        # enforced per chunk) the gaps in a stream.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=s.timeouts.connect, sock_read=s.timeouts.first_byte
         )
         self._idle = s.timeouts.idle
 
@@ -279,72 +290,60 @@ class Proxy:
         assert last is not None
         raise last.error
 
-    def _upstream_headers(self, request: Request, rid: str) -> list[tuple[bytes, bytes]]:
-        out = [(k, v) for k, v in request.headers.raw if k not in _DROP_UP]
-        if not any(k == b"x-request-id" for k, _ in out):
-            out.append((b"x-request-id", rid.encode()))
+    def _upstream_headers(self, request: Request, rid: str) -> list[tuple[str, str]]:
+        out = [(k, v) for k, v in request.headers.items() if k not in _DROP_UP]
+        if "x-request-id" not in request.headers:
+            out.append(("x-request-id", rid))
         if not self.gw.settings.api_keys:
             auth = request.headers.get("authorization")
             if auth:
-                out.append((b"authorization", auth.encode()))
+                out.append(("authorization", auth))
         return out
 
     async def _open(
-        self,
-        backend: Backend,
-        path: str,
-        raw: bytes,
-        headers: list[tuple[bytes, bytes]],
-        stream: bool,
+        self, backend: Backend, path: str, raw: bytes, headers: list[tuple[str, str]], stream: bool
     ) -> Upstream:
         url = backend.config.url + path
-        hdrs = list(headers)
         if backend.config.api_key is not None:
-            hdrs = [(k, v) for k, v in hdrs if k != b"authorization"]
-            hdrs.append(
-                (b"authorization", b"Bearer " + backend.config.api_key.get_secret_value().encode())
-            )
-        client = self.gw.client
-        req = client.build_request("POST", url, content=raw, headers=hdrs, timeout=self._timeout)
+            headers = [(k, v) for k, v in headers if k != "authorization"]
+            headers.append(("authorization", f"Bearer {backend.config.api_key.get_secret_value()}"))
         try:
-            resp = await client.send(req, stream=True)
-        except httpx.TimeoutException as exc:
+            resp = await self.gw.client.post(url, data=raw, headers=headers, timeout=self._timeout)
+        except TimeoutError as exc:
             raise Retryable(
                 GatewayError(504, f"backend {backend.id} timed out"), "timeout"
             ) from exc
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise Retryable(
                 GatewayError(502, f"backend {backend.id} is unreachable"), "connect"
             ) from exc
         try:
-            if resp.status_code >= 500 or resp.status_code == 429:
-                await resp.aread()
+            if resp.status >= 500 or resp.status == 429:
+                await resp.read()
                 raise Retryable(
-                    GatewayError(502, f"backend {backend.id} answered {resp.status_code}"),
-                    f"status_{resp.status_code}",
+                    GatewayError(502, f"backend {backend.id} answered {resp.status}"),
+                    f"status_{resp.status}",
                 )
-            if not stream or resp.status_code != 200:
-                return Upstream(backend, resp, await resp.aread(), None)
-            rest = resp.aiter_raw()
-            try:
-                first = await rest.__anext__()
-            except StopAsyncIteration:
-                first = b""
-            return Upstream(backend, resp, first, rest)
-        except httpx.TimeoutException as exc:
-            await resp.aclose()
+            if not stream or resp.status != 200:
+                return Upstream(backend, resp, await resp.read(), False)
+            return Upstream(backend, resp, await resp.content.readany(), True)
+        except TimeoutError as exc:
+            resp.close()
             raise Retryable(
                 GatewayError(504, f"backend {backend.id} sent no response in time"),
                 "first_byte_timeout",
             ) from exc
-        except httpx.HTTPError as exc:
-            await resp.aclose()
+        except aiohttp.ClientError as exc:
+            resp.close()
             raise Retryable(
                 GatewayError(502, f"backend {backend.id} failed before responding"), "broken"
             ) from exc
         except BaseException:
-            await resp.aclose()
+            resp.close()
             raise
+        finally:
+            if not stream:
+                resp.release()
 
     def _respond(
         self,
@@ -358,13 +357,13 @@ class Proxy:
     ) -> Response | RelayResponse:
         gw = self.gw
         b = up.backend
-        if up.response.status_code < 500:
+        if up.response.status < 500:
             gw.pool.succeeded(b)
-        headers = [(k, v) for k, v in up.response.headers.raw if k.lower() not in _DROP_DOWN]
+        headers = [(k, v) for k, v in up.response.raw_headers if k.lower() not in _DROP_DOWN]
         headers.append((b"x-edgeroute-backend", b.id.encode()))
         headers.append((b"x-request-id", rid.encode()))
-        status = up.response.status_code
-        if up.rest is None:
+        status = up.response.status
+        if not up.streaming:
             overhead = (t_sent - t0) + (time.perf_counter() - t_back)
             headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
             headers.append((b"content-length", str(len(up.first)).encode()))
@@ -384,24 +383,25 @@ class Proxy:
     ) -> AsyncGenerator[bytes, None]:
         gw = self.gw
         b = up.backend
-        status = str(up.response.status_code)
+        status = str(up.response.status)
         itl = gw.metrics.itl.labels(model, b.id)
         last = t_first
-        assert up.rest is not None
+        content = up.response.content
+        clean = False
         try:
             if up.first:
                 yield up.first
             while True:
-                try:
-                    async with asyncio.timeout(self._idle):
-                        chunk = await up.rest.__anext__()
-                except StopAsyncIteration:
+                async with asyncio.timeout(self._idle):
+                    chunk = await content.readany()
+                if not chunk:
+                    clean = True
                     break
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
                 yield chunk
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             status = "502"
             reason = "went silent" if isinstance(exc, TimeoutError) else "failed"
             gw.pool.failed(b)
@@ -413,7 +413,10 @@ class Proxy:
             )
             yield err.sse_event()
         finally:
-            await up.response.aclose()
+            if clean:
+                up.response.release()
+            else:
+                up.response.close()  # the backend sees the disconnect and stops
             gw.pool.finished(b)
             gw.metrics.requests.labels(model, b.id, status).inc()
             gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)

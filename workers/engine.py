@@ -308,3 +308,28 @@ class Engine:
                     deadline = time.monotonic()  # too far behind: do not burst to catch up
                 await asyncio.sleep(0)
             self.complete(plan, self.now())
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When one sequence's first and last tokens came, in emulated seconds."""
+
+    first: float
+    last: float
+    tokens: int
+
+    @property
+    def mean_itl(self) -> float:
+        return (self.last - self.first) / (self.tokens - 1) if self.tokens > 1 else 0.0
+
+
+def replay(profile: EngineProfile, seqs: list[Sequence]) -> list[Timeline]:
+    """The profile's prediction: `seqs`, all arriving at t=0, run without a clock."""
+    engine = Engine(profile)
+    for seq in seqs:
+        engine.submit(seq)
+    now = 0.0
+    while not (plan := engine.schedule()).empty:
+        now += profile.iteration_time(plan.prefill_tokens, plan.decode_context)
+        engine.complete(plan, now)
+    return [Timeline(s.first_token_at or 0.0, s.last_token_at or 0.0, s.generated) for s in seqs]

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from workers.engine import Engine, Sequence
+from workers.engine import Sequence, replay
 from workers.profiles import PROFILES
 from workers.server import Worker
 
@@ -25,22 +25,10 @@ TOLERANCE = 0.10
 
 def predicted(concurrency: int, prompt_tokens: int, out_tokens: int) -> tuple[float, float]:
     """(TTFT, mean inter-token latency) for `concurrency` requests arriving together."""
-    e = Engine(PROFILE)
     seqs = [Sequence(f"s{i}", prompt_tokens, out_tokens) for i in range(concurrency)]
-    for s in seqs:
-        e.submit(s)
-    now = 0.0
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    while not (plan := e.schedule()).empty:
-        now += PROFILE.iteration_time(plan.prefill_tokens, plan.decode_context)
-        e.complete(plan, now)
-        for s in seqs:
-            first.setdefault(s.id, now)
-            if s.generated == out_tokens:
-                last.setdefault(s.id, now)
-    ttft = sum(first.values()) / concurrency
-    itl = sum((last[k] - first[k]) / (out_tokens - 1) for k in first) / concurrency
+    timelines = replay(PROFILE, seqs)
+    ttft = sum(t.first for t in timelines) / concurrency
+    itl = sum(t.mean_itl for t in timelines) / concurrency
     return ttft, itl
 
 
@@ -76,9 +64,10 @@ async def stream_timing(
 
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
 async def test_ttft_and_tpot_match_the_profile(
-    start_worker: Callable[..., tuple[str, Worker]], concurrency: int
+    worker_process: Callable[..., Any], concurrency: int
 ) -> None:
-    url, _worker = start_worker(speedup=1.0, default_task="mbpp")
+    # The worker runs in its own process: timing must not share a GIL with the client.
+    url = worker_process("--speedup", "1").url
     prompt_tokens, out_tokens = 200, 12
     # Answers are drawn per prompt; ask for fewer tokens than any mbpp answer gives.
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -124,10 +113,10 @@ async def _mean_itl_of_first_request(url: str, rate: float, speedup: float) -> f
 
 
 async def test_per_token_latency_rises_with_arrival_rate(
-    start_worker: Callable[..., tuple[str, Worker]],
+    worker_process: Callable[..., Any],
 ) -> None:
     speedup = 2.0
-    url, _ = start_worker(speedup=speedup)
+    url = worker_process("--speedup", str(speedup)).url
     itls = [await _mean_itl_of_first_request(url, rate, speedup) for rate in (0, 5, 15, 40)]
     assert all(a < b for a, b in itertools.pairwise(itls)), itls
     assert itls[0] == pytest.approx(PROFILE.base + PROFILE.k2 * 140, rel=0.1)

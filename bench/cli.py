@@ -1,0 +1,46 @@
+"""`edgeroute bench ...` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bench = sub.add_parser("bench", help="run a benchmark; prints a table, writes results")
+    which = bench.add_subparsers(dest="benchmark", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--quick", action="store_true", help="a small run (< 2 min)")
+        p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--json", help="also write the results as JSON here")
+
+    p = which.add_parser("policies", help="decision time per policy for 8/64/512 backends")
+    common(p)
+    p.set_defaults(func=lambda a: _policies(a))
+    o = which.add_parser("overhead", help="gateway versus direct against emulated workers")
+    common(o)
+    o.add_argument("--policies", default="least_load,cla,round_robin")
+    o.set_defaults(func=lambda a: _overhead(a))
+    w = which.add_parser(
+        "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
+    )
+    common(w)
+    w.set_defaults(func=lambda a: _capacity(a))
+
+
+def _policies(a: argparse.Namespace) -> None:
+    from bench.policies import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _overhead(a: argparse.Namespace) -> None:
+    from bench.overhead import main
+
+    main(a.quick, a.seed, a.json, a.policies.split(","))
+
+
+def _capacity(a: argparse.Namespace) -> None:
+    from bench.worker_capacity import main
+
+    main(a.quick, a.seed, a.json)

@@ -1,0 +1,178 @@
+"""What the gateway adds in front of a fast backend: `edgeroute bench overhead`.
+
+Two emulated workers on the zero-cost `instant` profile serve as the backend.
+The load generator and the workers share CPU 0; the gateway gets CPU 1 (the
+method of the peers harness in shared/bench-peers). Each round measures the
+direct path and the gateway under each policy, interleaved; the table gives
+medians over rounds. Non-streaming requests of 16 tokens; TTFT with 8 streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.loadgen import closed_loop, cpu_seconds, percentile, post
+from bench.results_io import write
+
+MODEL = "instant"
+LOAD_CPU, GATEWAY_CPU = 0, 1
+
+
+def _pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
+        os.sched_setaffinity(0, {cpu})
+
+
+def _wait(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: _pin(cpu),
+    )
+
+
+def start_gateway(port: int, backends: list[str], policy: str) -> subprocess.Popen[bytes]:
+    cfg = {
+        "port": port,
+        "backends": [{"url": b} for b in backends],
+        "routing": {"default": {"policy": policy}},
+        "log_level": "WARNING",
+        "max_inflight": 0,
+    }
+    path = Path(tempfile.mkstemp(suffix=".yaml")[1])
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _spawn(["serve", "--config", str(path)], GATEWAY_CPU)
+    _wait(f"http://127.0.0.1:{port}/readyz")
+    return proc
+
+
+async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float]:
+    body = b'{"model":"instant","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
+    raw = post("/v1/chat/completions", body)
+    c1 = await closed_loop("127.0.0.1", port, raw, 1, seconds)
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    c32 = await closed_loop("127.0.0.1", port, raw, 32, seconds)
+    cpu_per_req = ((cpu_seconds(pid) - cpu0) / max(1, len(c32.latencies)) * 1e6) if pid else 0.0
+    stream_body = body[:-1] + b',"stream":true}'
+    s8 = await closed_loop("127.0.0.1", port, post("/v1/chat/completions", stream_body), 8, seconds)
+    return {
+        "c1_p50_ms": percentile(c1.latencies, 50) * 1e3,
+        "c1_p99_ms": percentile(c1.latencies, 99) * 1e3,
+        "c32_rps": c32.rps,
+        "c32_p50_ms": percentile(c32.latencies, 50) * 1e3,
+        "c32_p99_ms": percentile(c32.latencies, 99) * 1e3,
+        "ttft8_p50_ms": percentile(s8.first_bytes, 50) * 1e3,
+        "cpu_us_per_req": cpu_per_req,
+        "errors": float(c1.errors + c32.errors + s8.errors),
+    }
+
+
+def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> None:
+    _pin(LOAD_CPU)
+    rounds, seconds = (1, 2.0) if quick else (3, 8.0)
+    worker_port, gw_port = 18601, 18600
+    workers = _spawn(
+        [
+            "worker",
+            "--profile",
+            "instant",
+            "--count",
+            "2",
+            "--port",
+            str(worker_port),
+            "--log-level",
+            "WARNING",
+        ],
+        LOAD_CPU,
+    )
+    backends = [f"http://127.0.0.1:{worker_port}", f"http://127.0.0.1:{worker_port + 1}"]
+    samples: dict[str, list[dict[str, float]]] = {"direct": []}
+    samples.update({p: [] for p in policies})
+    try:
+        for b in backends:
+            _wait(b + "/health")
+        for r in range(rounds):
+            order = ["direct", *policies]
+            if r % 2:
+                order.reverse()
+            for target in order:
+                print(f"round {r + 1}/{rounds}: {target}", flush=True)
+                if target == "direct":
+                    samples[target].append(asyncio.run(measure(worker_port, seconds, None)))
+                    continue
+                gw = start_gateway(gw_port, backends, target)
+                try:
+                    samples[target].append(asyncio.run(measure(gw_port, seconds, gw.pid)))
+                finally:
+                    gw.terminate()
+                    gw.wait(10)
+    finally:
+        workers.terminate()
+        workers.wait(10)
+    med = {
+        t: {k: statistics.median(s[k] for s in runs) for k in runs[0]}
+        for t, runs in samples.items()
+    }
+    base = med["direct"]
+    rows: list[dict[str, Any]] = []
+    for target, m in med.items():
+        row: dict[str, Any] = {"policy": target, **{k: round(v, 3) for k, v in m.items()}}
+        if target != "direct":
+            row["added_c1_p50_ms"] = round(m["c1_p50_ms"] - base["c1_p50_ms"], 3)
+            row["added_c1_p99_ms"] = round(m["c1_p99_ms"] - base["c1_p99_ms"], 3)
+            row["added_ttft8_p50_ms"] = round(m["ttft8_p50_ms"] - base["ttft8_p50_ms"], 3)
+        rows.append(row)
+    write(
+        "overhead",
+        {
+            "command": "edgeroute bench overhead" + (" --quick" if quick else ""),
+            "rounds": rounds,
+            "seconds": seconds,
+            "seed": seed,
+            "backend": "2 emulated workers, profile instant, 16 tokens",
+        },
+        rows,
+        [
+            "policy",
+            "c1_p50_ms",
+            "added_c1_p50_ms",
+            "added_c1_p99_ms",
+            "c32_rps",
+            "c32_p50_ms",
+            "ttft8_p50_ms",
+            "added_ttft8_p50_ms",
+            "cpu_us_per_req",
+            "errors",
+        ],
+        json_path,
+        quick=quick,
+        notes="Load generator and workers pinned to CPU 0, gateway to CPU 1. `direct` "
+        "talks to one worker; the gateway spreads over both. req/s at c=32 is bounded "
+        "by the backend and load generator sharing CPU 0, so it is a lower bound for "
+        "the gateway; CPU us/req is the gateway process's own CPU time per request.",
+    )
