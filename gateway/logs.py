@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import time
 
 import orjson
 
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+_make_record = logging.getLogRecordFactory()
+
+
+def _record_with_request_id(*args: object, **kwargs: object) -> logging.LogRecord:
+    """Stamp each record, when it is made, with the request it was logged for."""
+    record = _make_record(*args, **kwargs)
+    rid = request_id.get()
+    if rid is not None:
+        record.request_id = rid
+    return record
+
+
+logging.setLogRecordFactory(_record_with_request_id)
 
 
 class JsonFormatter(logging.Formatter):

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from gateway.auth import require_client_key
 from gateway.backends import Backend
 from gateway.errors import GatewayError
+from gateway.logs import request_id
 from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import ClusterView, RequestInfo
@@ -159,6 +160,7 @@ class Proxy:
     async def handle(self, request: Request, chat: bool) -> Response | RelayResponse:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id.set(rid)
         model_label = "unknown"
         try:
             require_client_key(request.headers.get("authorization"), self.gw.settings.api_keys)
@@ -182,10 +184,7 @@ class Proxy:
         except GatewayError as exc:
             self.gw.metrics.requests.labels(model_label, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
-                log.warning(
-                    "request failed",
-                    extra={"request_id": rid, "status": exc.status, "error": exc.message},
-                )
+                log.warning("request failed", extra={"status": exc.status, "error": exc.message})
             return exc.response({"x-request-id": rid})
 
     async def _read_body(self, request: Request) -> bytes:

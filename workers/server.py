@@ -426,8 +426,32 @@ class Worker:
     def _build_app(self) -> FastAPI:
         worker = self
 
+        async def log_stats(every: float = 10.0) -> None:
+            # Like vLLM's periodic line: throughput and queues, while there is work.
+            st = worker.engine.stats
+            last = (st.prompt_tokens, st.generation_tokens, st.finished)
+            while True:
+                await asyncio.sleep(every)
+                now = (st.prompt_tokens, st.generation_tokens, st.finished)
+                e = worker.engine
+                if now != last or e.running or e.waiting:
+                    log.info(
+                        "%s: prompt %.1f tok/s, generation %.1f tok/s, %d finished, "
+                        "running %d, waiting %d, KV %.1f%%, preemptions %d",
+                        worker.config.id,
+                        (now[0] - last[0]) / every,
+                        (now[1] - last[1]) / every,
+                        now[2] - last[2],
+                        len(e.running),
+                        len(e.waiting),
+                        e.kv_usage * 100,
+                        st.preemptions,
+                    )
+                last = now
+
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            stats_task = asyncio.create_task(log_stats())
             worker.engine.start()
             log.info(
                 "worker %s (%s, role %s, speedup %g) ready",
@@ -437,6 +461,7 @@ class Worker:
                 worker.config.speedup,
             )
             yield
+            stats_task.cancel()
             await worker.engine.stop()
             log.info("worker %s stopped", worker.config.id)
 
