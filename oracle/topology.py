@@ -7,11 +7,14 @@ explicit pair overrides.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from oracle import cost
 
 TIERS = ("node", "rack", "pod", "cluster")
 LABELS = ("node", "rack", "pod")
@@ -92,15 +95,35 @@ class Topology(BaseModel):
 
     def effective_bandwidth(self, tier: str, self_contention: int = 0) -> float:
         """Bytes per second: B_tier * (1 - rho) / (1 + c_self)."""
-        rho = self.congestion.get(tier, 0.0)
-        return self.tier_bandwidth[tier] * 1e9 / 8 * (1.0 - rho) / (1 + self_contention)
+        return cost.effective_bandwidth(
+            self.tier_bandwidth[tier], self.congestion.get(tier, 0.0), self_contention
+        )
 
     def transfer_seconds(self, a: str, b: str, nbytes: float, self_contention: int = 0) -> float:
         """T_x = lat_tier + S / B_eff."""
         tier = self.tier(a, b)
-        return self.tier_latency[tier] * 1e-6 + nbytes / self.effective_bandwidth(
-            tier, self_contention
+        return cost.transfer_seconds(
+            nbytes,
+            self.tier_bandwidth[tier],
+            self.tier_latency.get(tier, 0.0),
+            self.congestion.get(tier, 0.0),
+            self_contention,
         )
+
+    def tiers_by_speed(self) -> list[str]:
+        """Tiers from the fastest to the slowest static bandwidth."""
+        return sorted(self.tier_bandwidth, key=self.tier_bandwidth.__getitem__, reverse=True)
+
+    def staleness_tolerances(self) -> dict[str, float]:
+        """Proposition 2 for each pair of adjacent tiers, at the current congestion."""
+        order = self.tiers_by_speed()
+        out = {}
+        for fast, slow in itertools.pairwise(order):
+            beta = self.tier_bandwidth[fast] / self.tier_bandwidth[slow]
+            out[f"{fast}>{slow}"] = cost.staleness_tolerance(
+                beta, self.congestion.get(fast, 0.0), self.congestion.get(slow, 0.0)
+            )
+        return out
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Topology:

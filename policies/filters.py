@@ -27,7 +27,7 @@ class ServesModel:
 
 @dataclass(frozen=True)
 class Role:
-    """Whole requests go to backends that can both prefill and decode."""
+    """Backends of one role: whole requests go to `both`; disaggregated ones split."""
 
     role: str = "both"
     name: str = "role"

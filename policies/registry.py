@@ -10,39 +10,64 @@ A spec names a preset (`policy: cla`) and may override any part of it:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies import filters, pickers, scorers
+from policies import filters, netkv, pickers, scorers
 from policies.pipeline import Filter, Picker, Pipeline, Scorer
 
 FILTERS: dict[str, Callable[[], Filter]] = {
     "healthy": filters.Healthy,
     "serves_model": filters.ServesModel,
     "role": filters.Role,
+    "prefill_role": lambda: filters.Role(role="prefill", name="prefill_role"),
+    "decode_role": lambda: filters.Role(role="decode", name="decode_role"),
     "memory_feasible": filters.MemoryFeasible,
+    "kv_feasible": netkv.KVFeasible,
 }
 
 SCORERS: dict[str, Callable[[], Scorer]] = {
     "load": scorers.Load,
     "prefix_cache": scorers.PrefixCache,
     "session_affinity": scorers.SessionAffinity,
+    "netkv_topology": lambda: netkv.NetKVCost(False, False, name="netkv_topology"),
+    "netkv_static": lambda: netkv.NetKVCost(True, False, name="netkv_static"),
+    "netkv_full": lambda: netkv.NetKVCost(True, True, name="netkv_full"),
 }
 
 PICKERS = ("argmax", "power_of_two", "round_robin", "random")
 
 DEFAULT_FILTERS = ("healthy", "serves_model", "role")
+DECODE_FILTERS = ("healthy", "serves_model", "decode_role", "kv_feasible")
 
-# Each preset: (scorers with weights, picker). A tiny load weight breaks ties
-# among equally good backends by queue length without overriding the main signal.
-PRESETS: dict[str, tuple[dict[str, float], str]] = {
-    "round_robin": ({}, "round_robin"),
-    "random": ({}, "random"),
-    "least_load": ({"load": 1.0}, "argmax"),
-    "power_of_two": ({"load": 1.0}, "power_of_two"),
-    "session_affinity": ({"session_affinity": 1.0, "load": 0.05}, "argmax"),
-    "prefix_cache": ({"prefix_cache": 1.0, "load": 0.05}, "argmax"),
-    "cla": ({"prefix_cache": 0.5, "load": 0.5}, "argmax"),
+
+@dataclass(frozen=True)
+class Preset:
+    scorers: dict[str, float]
+    picker: str = "argmax"
+    filters: tuple[str, ...] = DEFAULT_FILTERS
+    tie_epsilon: float = 0.01
+
+
+# A tiny load weight breaks ties among equally good backends by queue length
+# without overriding the main signal.
+PRESETS: dict[str, Preset] = {
+    "round_robin": Preset({}, "round_robin"),
+    "random": Preset({}, "random"),
+    "least_load": Preset({"load": 1.0}),
+    "power_of_two": Preset({"load": 1.0}, "power_of_two"),
+    "session_affinity": Preset({"session_affinity": 1.0, "load": 0.05}),
+    "prefix_cache": Preset({"prefix_cache": 1.0, "load": 0.05}),
+    "cla": Preset({"prefix_cache": 0.5, "load": 0.5}),
+    # Decode-instance selection for disaggregated serving (NetKV's baselines and ladder).
+    "decode_rr": Preset({}, "round_robin", DECODE_FILTERS),
+    "decode_la": Preset({"load": 1.0}, filters=DECODE_FILTERS),
+    "decode_ca": Preset({"prefix_cache": 1.0, "load": 0.05}, filters=DECODE_FILTERS),
+    "decode_cla": Preset({"prefix_cache": 0.5, "load": 0.5}, filters=DECODE_FILTERS),
+    "netkv_topology": Preset({"netkv_topology": 1.0}, filters=DECODE_FILTERS, tie_epsilon=1e-4),
+    "netkv_static": Preset({"netkv_static": 1.0}, filters=DECODE_FILTERS, tie_epsilon=1e-4),
+    "netkv_full": Preset({"netkv_full": 1.0}, filters=DECODE_FILTERS, tie_epsilon=1e-4),
 }
 
 
@@ -55,7 +80,7 @@ class PipelineSpec(BaseModel):
     filters: list[str] | None = None
     scorers: dict[str, float] | None = None
     picker: str | None = None
-    tie_epsilon: float = Field(default=0.01, ge=0.0, le=1.0)
+    tie_epsilon: float | None = Field(default=None, ge=0.0, le=1.0)  # None: the preset's
 
     @model_validator(mode="after")
     def _known_names(self) -> PipelineSpec:
@@ -85,11 +110,12 @@ def _picker(name: str, tie_epsilon: float) -> Picker:
 
 
 def build_pipeline(spec: PipelineSpec) -> Pipeline:
-    preset_scorers, preset_picker = PRESETS[spec.policy]
-    weights = spec.scorers if spec.scorers is not None else preset_scorers
+    preset = PRESETS[spec.policy]
+    weights = spec.scorers if spec.scorers is not None else preset.scorers
+    epsilon = spec.tie_epsilon if spec.tie_epsilon is not None else preset.tie_epsilon
     return Pipeline(
         name=spec.policy,
-        filters=tuple(FILTERS[n]() for n in (spec.filters or DEFAULT_FILTERS)),
+        filters=tuple(FILTERS[n]() for n in (spec.filters or preset.filters)),
         scorers=tuple((SCORERS[n](), w) for n, w in weights.items() if w > 0),
-        picker=_picker(spec.picker or preset_picker, spec.tie_epsilon),
+        picker=_picker(spec.picker or preset.picker, epsilon),
     )

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from oracle.topology import Topology
 
 Role = Literal["both", "prefill", "decode"]
 
@@ -27,6 +32,7 @@ class RequestInfo:
     stream: bool = False
     task: str | None = None
     prompt: str = ""
+    prefill_id: str | None = None  # for decode selection: where the KV cache comes from
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,17 @@ class BackendView:
     inflight: int = 0
     cached_blocks: frozenset[int] = frozenset()
     id_hash: int = 0
+    kv_capacity_tokens: int = 0  # 0: unknown
+    max_batch: int = 256
+    iter_base: float = 0.02  # s per iteration, plus iter_per_seq per sequence in the batch
+    iter_per_seq: float = 0.0005
+    kv_bytes_per_token: float = 327_680.0
+
+    def free_kv_tokens(self) -> float:
+        return (1.0 - self.kv_usage) * self.kv_capacity_tokens
+
+    def iteration_time(self, batch: int) -> float:
+        return self.iter_base + self.iter_per_seq * batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,12 @@ class ClusterView:
 
     backends: tuple[BackendView, ...]
     stale_after: float = 5.0
+    oracle: Topology | None = None
+    # KV transfers this scheduler has in flight, by (prefill instance, tier).
+    self_contention: Mapping[tuple[str, str], int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    block_tokens: int = 64  # the granularity of RequestInfo.block_hashes
 
 
 @dataclass(frozen=True, slots=True)
