@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.openapi import CHAT_BODY, COMPLETION_BODY
+from gateway.oracle_api import oracle_router
 from gateway.proxy import Proxy
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
@@ -38,6 +40,7 @@ from gateway.store import (
     SharedStore,
     StoreUnavailable,
 )
+from oracle.state import OracleState
 from policies import Pipeline, PipelineSpec, build_pipeline
 
 log = logging.getLogger("edgeroute.gateway")
@@ -61,8 +64,15 @@ class Gateway:
         )
         self.metrics = GatewayMetrics()
         self.pool = BackendPool(
-            settings.circuit, settings.stale_after, settings.prefix_cache_entries
+            settings.circuit,
+            settings.stale_after,
+            settings.prefix_cache_entries,
+            settings.prefix_block_tokens,
         )
+        self.oracle = OracleState(topology=settings.oracle) if settings.oracle else None
+        # KV transfers in flight from each prefill instance on each tier (NetKV's c_self).
+        self.contention: dict[tuple[str, str], int] = {}
+        self.intents: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.routing = settings.routing
         self._pipelines: dict[str, Pipeline] = {}
         self._default = build_pipeline(settings.routing.default)
@@ -85,6 +95,8 @@ class Gateway:
         )
         self._apply_routing(self.settings.routing)
         self.pool.set_configs(self.settings.backends)
+        if self.oracle is not None:
+            self.pool.set_network(self.oracle.topology)
         await self.store.start()
         try:
             await self.push_local_config()
@@ -127,10 +139,19 @@ class Gateway:
         """Seed the store with this replica's config where the store has none."""
         specs = {m: s.model_dump_json(exclude_none=True) for m, s in self.routing.models.items()}
         specs[DEFAULT_ROUTE] = self.routing.default.model_dump_json(exclude_none=True)
-        await self.store.seed({c.backend_id: backend_json(c) for c in self.pool.configs()}, specs)
+        await self.store.seed(
+            {c.backend_id: backend_json(c) for c in self.pool.configs()},
+            specs,
+            self.oracle.model_dump_json() if self.oracle is not None else None,
+        )
 
     async def reload_config(self) -> None:
-        backends, routing = await self.store.load_config()
+        backends, routing, oracle = await self.store.load_config()
+        if oracle is not None:
+            try:
+                self.set_oracle(OracleState.model_validate(oracle))
+            except ValidationError:
+                log.error("ignoring invalid oracle state in the shared store")
         configs = []
         for bid, data in backends.items():
             try:
@@ -148,6 +169,25 @@ class Gateway:
             )
         except ValidationError:
             log.error("ignoring invalid routing config in the shared store")
+
+    def set_oracle(self, state: OracleState) -> None:
+        self.oracle = state
+        self.pool.set_network(state.topology)
+
+    def transfer_started(self, prefill: str, tier: str, intent: dict[str, Any]) -> None:
+        key = (prefill, tier)
+        self.contention[key] = self.contention.get(key, 0) + 1
+        self.pool.set_network(self.pool.view.oracle, self.contention)
+        self.intents.append(intent)
+
+    def transfer_finished(self, prefill: str, tier: str) -> None:
+        key = (prefill, tier)
+        left = self.contention.get(key, 0) - 1
+        if left > 0:
+            self.contention[key] = left
+        else:
+            self.contention.pop(key, None)
+        self.pool.set_network(self.pool.view.oracle, self.contention)
 
     async def write_config(self, key: str, field: str, payload: str | None) -> None:
         try:
@@ -331,4 +371,5 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(_admin_router(gw))
+    app.include_router(oracle_router(gw))
     return app

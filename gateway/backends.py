@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
+from oracle.topology import Topology
 from policies.text import stable_hash
 from policies.types import BackendView, ClusterView
 
@@ -23,6 +25,7 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    kv_capacity_tokens: int = 0
     scraped_at: float = float("-inf")
 
 
@@ -55,10 +58,14 @@ class BackendPool:
         circuit: CircuitConfig,
         stale_after: float,
         prefix_entries: int,
+        block_tokens: int = 64,
     ) -> None:
         self._circuit = circuit
         self._stale_after = stale_after
         self._prefix_entries = prefix_entries
+        self._block_tokens = block_tokens
+        self._oracle: Topology | None = None
+        self._contention: Mapping[tuple[str, str], int] = MappingProxyType({})
         self._backends: dict[str, Backend] = {}
         self._views: list[BackendView] = []
         self.view = ClusterView((), stale_after=stale_after)
@@ -118,6 +125,11 @@ class BackendPool:
             inflight=b.inflight + b.remote_inflight,
             cached_blocks=frozenset(b.prefix),
             id_hash=stable_hash(b.id),
+            kv_capacity_tokens=b.stats.kv_capacity_tokens,
+            max_batch=b.config.profile.max_batch,
+            iter_base=b.config.profile.iter_base,
+            iter_per_seq=b.config.profile.iter_per_seq,
+            kv_bytes_per_token=b.config.profile.kv_bytes_per_token,
         )
 
     def rebuild(self) -> None:
@@ -128,14 +140,31 @@ class BackendPool:
             b.index = i
             views.append(self._view_of(b, now))
         self._views = views
-        self.view = ClusterView(tuple(views), stale_after=self._stale_after)
+        self.view = ClusterView(
+            tuple(views),
+            stale_after=self._stale_after,
+            oracle=self._oracle,
+            self_contention=self._contention,
+            block_tokens=self._block_tokens,
+        )
         self.known_models = frozenset().union(*(v.models for v in views))
 
     def _refresh_one(self, b: Backend, **changes: object) -> None:
         i = b.index
         if 0 <= i < len(self._views) and self._views[i].id == b.id:
             self._views[i] = replace(self._views[i], **changes)  # type: ignore[arg-type]
-            self.view = ClusterView(tuple(self._views), stale_after=self._stale_after)
+            self.view = replace(self.view, backends=tuple(self._views))
+
+    def set_network(
+        self,
+        oracle: Topology | None,
+        contention: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
+        """The oracle snapshot and this replica's in-flight KV transfers, for NetKV."""
+        self._oracle = oracle
+        if contention is not None:
+            self._contention = MappingProxyType(dict(contention))
+        self.view = replace(self.view, oracle=self._oracle, self_contention=self._contention)
 
     # -- request path -----------------------------------------------------------
 

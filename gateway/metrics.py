@@ -120,6 +120,27 @@ class GatewayMetrics:
             "Seconds since the shared-store snapshot was last refreshed.",
             registry=r,
         )
+        self.oracle_rho = Gauge(
+            "edgeroute_oracle_congestion",
+            "Operator-reported congestion (rho) per tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.oracle_age = Gauge(
+            "edgeroute_oracle_age_seconds", "Seconds since the oracle was last updated.", registry=r
+        )
+        self.oracle_tolerance = Gauge(
+            "edgeroute_oracle_staleness_tolerance",
+            "Proposition 2: congestion error that cannot invert adjacent tiers.",
+            ["tiers"],
+            registry=r,
+        )
+        self.self_contention = Gauge(
+            "edgeroute_kv_transfers_inflight",
+            "KV transfers in flight by prefill instance and tier (NetKV self-contention).",
+            ["prefill", "tier"],
+            registry=r,
+        )
         self.replicas = Gauge(
             "edgeroute_replicas", "Gateway replicas seen in the shared store.", registry=r
         )

@@ -11,6 +11,7 @@ None of this runs on the request path. Each loop survives any single failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ import aiohttp
 
 from gateway.backends import Backend
 from gateway.circuit import State
-from gateway.promtext import read_samples
+from gateway.promtext import read_labels, read_samples
 from gateway.store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 WANTED = frozenset(RUNNING + WAITING + KV_USAGE)
+CACHE_INFO = "vllm:cache_config_info"
 
 
 def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -105,7 +107,9 @@ class Monitor:
             async with client.get(f"{b.config.url}/metrics", timeout=timeout) as r:
                 if r.status != 200:
                     return
-                samples = read_samples(await r.text(), WANTED)
+                text = await r.text()
+                samples = read_samples(text, WANTED)
+                cache = read_labels(text, CACHE_INFO)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
             return  # stats go stale, and stale stats do not steer
         running, waiting = _first(samples, RUNNING), _first(samples, WAITING)
@@ -114,6 +118,8 @@ class Monitor:
         b.stats.running = int(running or 0)
         b.stats.waiting = int(waiting or 0)
         b.stats.kv_usage = _first(samples, KV_USAGE) or 0.0
+        with contextlib.suppress(KeyError, ValueError):
+            b.stats.kv_capacity_tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
         b.stats.scraped_at = time.monotonic()
 
     # -- health -------------------------------------------------------------------------
@@ -147,6 +153,11 @@ class Monitor:
         await store.revive_embedded()
         local = {b.id: b.inflight for b in gw.pool}
         try:
+            if gw.intents:
+                batch = list(gw.intents)
+                await store.add_intents(batch)
+                for _ in batch:
+                    gw.intents.popleft()
             result = await store.sync(local)
         except StoreUnavailable:
             gw.metrics.store_up.set(0)
@@ -181,4 +192,13 @@ class Monitor:
             m.stats_age.labels(b.id).set(min(now - b.stats.scraped_at, 1e9))
             m.inflight.labels(b.id).set(b.inflight + b.remote_inflight)
         m.local_inflight.set(self.gw.pool.total_inflight())
+        oracle = self.gw.oracle
+        if oracle is not None:
+            m.oracle_age.set(oracle.age())
+            for tier in oracle.topology.tier_bandwidth:
+                m.oracle_rho.labels(tier).set(oracle.topology.congestion.get(tier, 0.0))
+            for pair, tol in oracle.topology.staleness_tolerances().items():
+                m.oracle_tolerance.labels(pair).set(tol)
+        for (prefill, tier), n in list(self.gw.contention.items()):
+            m.self_contention.labels(prefill, tier).set(n)
         m.store_age.set(now - self.last_sync)

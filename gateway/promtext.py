@@ -28,3 +28,17 @@ def read_samples(text: str, names: Collection[str]) -> dict[str, float]:
         except ValueError:
             continue
     return out
+
+
+def read_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of `name` (for info metrics such as cache_config_info)."""
+    prefix = name + "{"
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            body = line[len(prefix) : line.rfind("}")]
+            out = {}
+            for part in body.split('",'):
+                key, _, value = part.partition("=")
+                out[key.strip()] = value.strip().strip('"')
+            return out
+    return {}

@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -31,7 +31,7 @@ from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
-from policies.types import ClusterView, RequestInfo
+from policies.types import RequestInfo
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -244,10 +244,7 @@ class Proxy:
         for _ in range(1 + s.retries):
             view = gw.pool.view
             if tried:
-                view = ClusterView(
-                    tuple(b for b in view.backends if b.id not in tried),
-                    stale_after=view.stale_after,
-                )
+                view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
             td = time.perf_counter()
             decision = pipeline.decide(info, view)
             gw.metrics.decision.labels(pipeline.name).observe(time.perf_counter() - td)

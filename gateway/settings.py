@@ -13,8 +13,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from oracle.topology import Topology
 from policies import PipelineSpec
 from policies.types import Role
+
+
+class CostProfile(BaseModel):
+    """What the decode cost model needs to know of a backend's engine (NetKV)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_bytes_per_token: float = Field(default=327_680.0, gt=0)  # per shard under TP
+    iter_base: float = Field(default=0.02, ge=0)  # s per iteration ...
+    iter_per_seq: float = Field(default=0.0005, ge=0)  # ... plus this per batched sequence
+    max_batch: int = Field(default=256, ge=1)
 
 
 class BackendConfig(BaseModel):
@@ -28,6 +40,7 @@ class BackendConfig(BaseModel):
     models: list[str] = Field(default_factory=list)  # empty: discovered from /v1/models
     api_key: SecretStr | None = None
     draining: bool = False
+    profile: CostProfile = Field(default_factory=CostProfile)
 
     @field_validator("url")
     @classmethod
@@ -79,6 +92,7 @@ class Settings(BaseSettings):
     port: int = 8000
     backends: list[BackendConfig] = Field(default_factory=list)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    oracle: Topology | None = None  # the NetKV oracle's initial topology
     redis_url: str | None = None  # None: start an embedded Valkey server
     admin_token: SecretStr | None = None  # None: the admin API answers 401 to everyone
     api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client keys needed

@@ -8,7 +8,9 @@ Key layout, all under `edgeroute:` (this module is the only place that names key
 | `edgeroute:replica:{id}:inflight` | hash | backend id -> this replica's in-flight requests | `replica_ttl` |
 | `edgeroute:config:backends` | hash | backend id -> backend config (JSON) | none |
 | `edgeroute:config:routing` | hash | model (or `*` for the default) -> pipeline spec (JSON) | none |
+| `edgeroute:config:oracle` | hash | `state` -> the NetKV oracle's topology and congestion (JSON) | none |
 | `edgeroute:config:version` | string | integer bumped by every config change | none |
+| `edgeroute:oracle:intents` | stream | TransferIntent records (source, destination, tier, bytes), capped | MAXLEN ~10000 |
 
 Only background tasks and admin calls talk to the store; the request path reads
 the in-process snapshot. With no `redis_url`, `EmbeddedStore` runs a real Valkey
@@ -35,6 +37,10 @@ REPLICAS = PREFIX + "replicas"
 CONFIG_BACKENDS = PREFIX + "config:backends"
 CONFIG_ROUTING = PREFIX + "config:routing"
 CONFIG_VERSION = PREFIX + "config:version"
+CONFIG_ORACLE = PREFIX + "config:oracle"
+ORACLE_FIELD = "state"
+INTENTS = PREFIX + "oracle:intents"
+INTENTS_MAXLEN = 10_000
 DEFAULT_ROUTE = "*"
 
 
@@ -196,7 +202,9 @@ class SharedStore:
 
     # -- shared configuration ---------------------------------------------------------
 
-    async def seed(self, backends: dict[str, str], routing: dict[str, str]) -> None:
+    async def seed(
+        self, backends: dict[str, str], routing: dict[str, str], oracle: str | None = None
+    ) -> None:
         """Add entries the store does not have yet (config-file values never overwrite
         runtime changes), then bump the version so that it is never 0 after a seed."""
 
@@ -206,24 +214,53 @@ class SharedStore:
                     p.hsetnx(CONFIG_BACKENDS, bid, payload)
                 for model, payload in routing.items():
                     p.hsetnx(CONFIG_ROUTING, model, payload)
+                if oracle is not None:
+                    p.hsetnx(CONFIG_ORACLE, ORACLE_FIELD, oracle)
                 p.incr(CONFIG_VERSION)
                 await p.execute()
 
         await self._call(step)
 
-    async def load_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        async def step(r: aioredis.Redis) -> tuple[dict[str, str], dict[str, str]]:
+    async def load_config(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """(backends, routing, oracle) as the store holds them."""
+
+        async def step(r: aioredis.Redis) -> tuple[dict[str, str], dict[str, str], str | None]:
             async with r.pipeline(transaction=False) as p:
                 p.hgetall(CONFIG_BACKENDS)
                 p.hgetall(CONFIG_ROUTING)
-                backends, routing = await p.execute()
-            return backends, routing
+                p.hget(CONFIG_ORACLE, ORACLE_FIELD)
+                backends, routing, oracle = await p.execute()
+            return backends, routing, oracle
 
-        backends, routing = await self._call(step)
+        backends, routing, oracle = await self._call(step)
         return (
             {k: orjson.loads(v) for k, v in backends.items()},
             {k: orjson.loads(v) for k, v in routing.items()},
+            orjson.loads(oracle) if oracle else None,
         )
+
+    async def add_intents(self, intents: list[dict[str, Any]]) -> None:
+        async def step(r: aioredis.Redis) -> None:
+            async with r.pipeline(transaction=False) as p:
+                for intent in intents:
+                    p.xadd(
+                        INTENTS,
+                        {"json": orjson.dumps(intent)},
+                        maxlen=INTENTS_MAXLEN,
+                        approximate=True,
+                    )
+                await p.execute()
+
+        await self._call(step)
+
+    async def read_intents(self, count: int) -> list[dict[str, Any]]:
+        """The newest `count` TransferIntent records, newest first."""
+
+        async def step(r: aioredis.Redis) -> Any:
+            return await r.xrevrange(INTENTS, count=count)
+
+        entries = await self._call(step)
+        return [{"id": eid, **orjson.loads(fields["json"])} for eid, fields in entries]
 
     async def put(self, key: str, field: str, payload: str | None) -> None:
         """Set (or with None, delete) one config entry and bump the version."""

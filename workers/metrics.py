@@ -81,6 +81,13 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric([self._model], value)
             yield g
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "KV cache configuration.",
+            labels=["block_size", "num_gpu_blocks"],
+        )
+        info.add_metric([str(e.profile.block_size), str(e.profile.kv_blocks)], 1.0)
+        yield info
         counters = {
             "vllm:prompt_tokens": ("Prefill tokens processed.", st.prompt_tokens),
             "vllm:generation_tokens": ("Generation tokens produced.", st.generation_tokens),
