@@ -3,7 +3,8 @@
 `edgeroute bench policies`: each policy decides on a realistic snapshot (random
 loads, prefix caches, a 2k-token prompt with its block hashes) many times; the
 figure is the median over runs of the per-decision mean, plus the p99 of the
-individual timings of the last run.
+individual timings of the last run. Decode-selection policies (NetKV and its
+baselines) decide over decode instances spread on a fat-tree, with an oracle.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from policies import PRESETS, BackendView, ClusterView, PipelineSpec, RequestInf
 from policies.text import block_hashes, stable_hash
 
 
-def make_view(n: int, rng: random.Random, blocks: tuple[int, ...]) -> ClusterView:
+def make_view(
+    n: int, rng: random.Random, blocks: tuple[int, ...], decode: bool = False
+) -> ClusterView:
     backends = []
+    labels = {}
     for i in range(n):
+        labels[f"b{i}"] = {"node": f"n{i // 2}", "rack": f"r{i // 8}", "pod": f"p{i // 32}"}
         cached = (
             frozenset(blocks[: rng.randrange(len(blocks) + 1)])
             if rng.random() < 0.3

@@ -36,7 +36,6 @@ from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
     CONFIG_BACKENDS,
     CONFIG_ROUTING,
-    DEFAULT_ROUTE,
     SharedStore,
     StoreUnavailable,
 )
@@ -75,7 +74,7 @@ class Gateway:
         self.intents: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.routing = settings.routing
         self._pipelines: dict[str, Pipeline] = {}
-        self._default = build_pipeline(settings.routing.default)
+        self._apply_routing(settings.routing)
         self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
         self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
         self.monitor = Monitor(self)
@@ -124,6 +123,8 @@ class Gateway:
 
     def _apply_routing(self, routing: RoutingConfig) -> None:
         self.routing = routing
+        self.prefill_pipeline = build_pipeline(routing.prefill)
+        self.decode_pipeline = build_pipeline(routing.decode)
         self._default = build_pipeline(routing.default)
         self._pipelines = {m: build_pipeline(spec) for m, spec in routing.models.items()}
 
@@ -137,11 +138,9 @@ class Gateway:
 
     async def push_local_config(self) -> None:
         """Seed the store with this replica's config where the store has none."""
-        specs = {m: s.model_dump_json(exclude_none=True) for m, s in self.routing.models.items()}
-        specs[DEFAULT_ROUTE] = self.routing.default.model_dump_json(exclude_none=True)
         await self.store.seed(
             {c.backend_id: backend_json(c) for c in self.pool.configs()},
-            specs,
+            self.routing.to_store(),
             self.oracle.model_dump_json() if self.oracle is not None else None,
         )
 
@@ -159,14 +158,8 @@ class Gateway:
             except ValidationError:
                 log.error("ignoring invalid backend %s in the shared store", bid)
         self.pool.set_configs(configs)
-        default = routing.pop(DEFAULT_ROUTE, None)
         try:
-            self._apply_routing(
-                RoutingConfig(
-                    default=PipelineSpec.model_validate(default) if default else PipelineSpec(),
-                    models={m: PipelineSpec.model_validate(v) for m, v in routing.items()},
-                )
-            )
+            self._apply_routing(RoutingConfig.from_store(routing))
         except ValidationError:
             log.error("ignoring invalid routing config in the shared store")
 
@@ -274,15 +267,21 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def get_routing() -> Response:
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
-    @r.put("/routing/default")
-    async def put_default(spec: PipelineSpec) -> Response:
-        await gw.write_config(CONFIG_ROUTING, DEFAULT_ROUTE, spec.model_dump_json())
+    @r.put("/routing/{role}")
+    async def put_role(role: str, spec: PipelineSpec) -> Response:
+        """`default`, or for disaggregated serving `prefill` and `decode`."""
+        keys = {v: k for k, v in RoutingConfig.ROLES.items()}
+        if role not in keys:
+            raise GatewayError(
+                404, f"no routing role {role!r}; roles: {sorted(keys)}", param="role"
+            )
+        await gw.write_config(CONFIG_ROUTING, keys[role], spec.model_dump_json())
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
     @r.put("/routing/models/{model}")
     async def put_model(model: str, spec: PipelineSpec) -> Response:
-        if model == DEFAULT_ROUTE:
-            raise GatewayError(400, "use /admin/routing/default", param="model")
+        if model.startswith("*"):
+            raise GatewayError(400, "model names cannot start with '*'", param="model")
         await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json())
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 

@@ -70,6 +70,7 @@ class BackendPool:
         self._views: list[BackendView] = []
         self.view = ClusterView((), stale_after=stale_after)
         self.known_models: frozenset[str] = frozenset()
+        self.pd_models: frozenset[str] = frozenset()
 
     # -- membership -----------------------------------------------------------
 
@@ -148,6 +149,10 @@ class BackendPool:
             block_tokens=self._block_tokens,
         )
         self.known_models = frozenset().union(*(v.models for v in views))
+        # Models with both a prefill and a decode pool are served disaggregated.
+        prefill = frozenset().union(*(v.models for v in views if v.role == "prefill"))
+        decode = frozenset().union(*(v.models for v in views if v.role == "decode"))
+        self.pd_models = prefill & decode
 
     def _refresh_one(self, b: Backend, **changes: object) -> None:
         i = b.index

@@ -63,6 +63,7 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
                 data_dir=data_dir,
                 enable_faults=args.enable_faults,
                 overrides=_overrides(args.set or []),
+                redis_url=args.redis_url,
             )
         )
     return out
@@ -202,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--instance-id", help="this instance's name in the topology")
     worker.add_argument("--topology", help="YAML topology for emulated KV transfers")
+    worker.add_argument(
+        "--redis-url",
+        default=os.environ.get("EDGEROUTE_REDIS_URL"),
+        help="follow the NetKV oracle's topology in this shared store",
+    )
     worker.add_argument(
         "--data-dir", help="quality data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )

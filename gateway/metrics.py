@@ -141,6 +141,33 @@ class GatewayMetrics:
             ["prefill", "tier"],
             registry=r,
         )
+        self.pd_requests = Counter(
+            "edgeroute_pd_requests",
+            "Disaggregated requests by prefill, decode and tier.",
+            ["prefill", "decode", "tier"],
+            registry=r,
+        )
+        self.pd_ttft = Histogram(
+            "edgeroute_pd_ttft_seconds",
+            "TTFT of disaggregated requests (prefill, KV transfer, first decode step).",
+            ["tier"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.pd_decode_wait = Histogram(
+            "edgeroute_pd_decode_wait_seconds",
+            "From the decode request to its first bytes: KV transfer, queue and first step.",
+            ["tier"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.kv_estimate = Histogram(
+            "edgeroute_kv_transfer_estimate_seconds",
+            "The oracle's transfer-time estimate for each dispatched KV transfer.",
+            ["tier"],
+            buckets=LATENCY,
+            registry=r,
+        )
         self.replicas = Gauge(
             "edgeroute_replicas", "Gateway replicas seen in the shared store.", registry=r
         )

@@ -16,7 +16,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from gateway.backends import Backend
 from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
+from policies.pipeline import Pipeline
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
 
@@ -60,6 +61,15 @@ _DROP_DOWN = frozenset(
     b"proxy-connection date server".split()
 )
 MAX_TOKENS_LIMIT = 1 << 24
+_PREFILL_DROP = frozenset(("stream_options", "max_completion_tokens", "n"))
+_REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 
 
 @dataclass
@@ -235,10 +245,36 @@ class Proxy:
                 code="overloaded",
                 retry_after=s.retry_after,
             )
+        headers = self._upstream_headers(request, rid)
+        if model in gw.pool.pd_models:
+            return await self._route_disaggregated(request, path, body, headers, rid, t0)
         pipeline = gw.pipeline_for(model)
         info = self._request_info(request, body, pipeline.uses_prefix)
-        headers = self._upstream_headers(request, rid)
-        stream = info.stream
+        up, t_sent = await self._forward(request, pipeline, info, path, raw, headers, model)
+        return self._respond(up, model, rid, t0, t_sent, time.perf_counter(), info.stream)
+
+    async def _forward(
+        self,
+        request: Request,
+        pipeline: Pipeline,
+        info: RequestInfo,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[str, str]],
+        model: str,
+        *,
+        stream: bool | None = None,
+        on_dispatch: Callable[[Backend], None] | None = None,
+        on_release: Callable[[Backend], None] | None = None,
+    ) -> tuple[Upstream, float]:
+        """Pick a backend and send; on failure before any byte is relayed, try another.
+
+        Returns the backend's answer and when it was sent. `on_dispatch` runs when a
+        backend is chosen, `on_release` when an attempt on it is abandoned.
+        """
+        gw = self.gw
+        s = gw.settings
+        stream = info.stream if stream is None else stream
         tried: set[str] = set()
         last: Retryable | None = None
         for _ in range(1 + s.retries):
@@ -265,6 +301,8 @@ class Proxy:
             gw.metrics.decisions.labels(pipeline.name, backend.id).inc()
             tried.add(backend.id)
             gw.pool.dispatched(backend, info.block_hashes)
+            if on_dispatch is not None:
+                on_dispatch(backend)
             t_sent = time.perf_counter()
             try:
                 up = await cancel_on_disconnect(
@@ -272,6 +310,8 @@ class Proxy:
                 )
             except Retryable as exc:
                 gw.pool.finished(backend)
+                if on_release is not None:
+                    on_release(backend)
                 if gw.pool.failed(backend):
                     log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
                 gw.metrics.retries.labels(backend.id, exc.reason).inc()
@@ -279,12 +319,113 @@ class Proxy:
                 continue
             except (ClientGone, asyncio.CancelledError):
                 gw.pool.finished(backend)
+                if on_release is not None:
+                    on_release(backend)
                 gw.metrics.requests.labels(model, backend.id, "499").inc()
                 raise
-            t_back = time.perf_counter()
-            return self._respond(up, model, rid, t0, t_sent, t_back, stream)
+            return up, t_sent
         assert last is not None
         raise last.error
+
+    async def _route_disaggregated(
+        self,
+        request: Request,
+        path: str,
+        body: dict[str, Any],
+        headers: list[tuple[str, str]],
+        rid: str,
+        t0: float,
+    ) -> Response | RelayResponse:
+        """vLLM's disaggregated protocol: prefill with max_tokens=1 and kv_transfer_params
+        asking for remote decode, then decode where the decode policy says, carrying the
+        kv_transfer_params the prefill returned."""
+        gw = self.gw
+        model = body["model"]
+        info = self._request_info(request, body, uses_prefix=True)
+        prefill_body = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
+        prefill_body.update(max_tokens=1, stream=False, kv_transfer_params=_REMOTE_DECODE)
+        up, t_prefill_sent = await self._forward(
+            request,
+            gw.prefill_pipeline,
+            info,
+            path,
+            orjson.dumps(prefill_body),
+            headers,
+            model,
+            stream=False,
+        )
+        prefill_wait = time.perf_counter() - t_prefill_sent
+        prefill = up.backend
+        gw.pool.finished(prefill)
+        if up.response.status != 200:
+            return self._respond(up, model, rid, t0, t_prefill_sent, time.perf_counter(), False)
+        gw.pool.succeeded(prefill)
+        try:
+            params = orjson.loads(up.first)["kv_transfer_params"]
+            if not isinstance(params, dict):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise GatewayError(
+                502,
+                f"prefill backend {prefill.id} returned no kv_transfer_params",
+                code="upstream_error",
+            ) from exc
+
+        oracle = gw.pool.view.oracle
+        tiers: dict[str, str] = {}
+
+        def started(decode: Backend) -> None:
+            tier = oracle.tier(prefill.id, decode.id) if oracle is not None else "unknown"
+            tiers[decode.id] = tier
+            estimate = (
+                oracle.transfer_seconds(
+                    prefill.id,
+                    decode.id,
+                    info.prompt_tokens * decode.config.profile.kv_bytes_per_token,
+                )
+                if oracle is not None
+                else None
+            )
+            if estimate is not None:
+                gw.metrics.kv_estimate.labels(tier).observe(estimate)
+            gw.transfer_started(
+                prefill.id,
+                tier,
+                {
+                    "ts": time.time(),
+                    "request_id": rid,
+                    "source": prefill.id,
+                    "destination": decode.id,
+                    "tier": tier,
+                    "payload_bytes": info.prompt_tokens * decode.config.profile.kv_bytes_per_token,
+                    "estimate_s": estimate,
+                    "priority": "interactive",
+                },
+            )
+
+        def released(decode: Backend) -> None:
+            gw.transfer_finished(prefill.id, tiers[decode.id])
+
+        decode_body = dict(body)
+        decode_body["kv_transfer_params"] = params
+        up, t_sent = await self._forward(
+            request,
+            gw.decode_pipeline,
+            replace(info, prefill_id=prefill.id),
+            path,
+            orjson.dumps(decode_body),
+            headers,
+            model,
+            on_dispatch=started,
+            on_release=released,
+        )
+        t_first = time.perf_counter()
+        released(up.backend)  # the decode side's first bytes: the KV cache has landed
+        tier = tiers[up.backend.id]
+        gw.metrics.pd_requests.labels(prefill.id, up.backend.id, tier).inc()
+        gw.metrics.pd_ttft.labels(tier).observe(t_first - t0)
+        gw.metrics.pd_decode_wait.labels(tier).observe(t_first - t_sent)
+        return self._respond(up, model, rid, t0, t_sent, t_first, info.stream, prefill_wait)
 
     def _upstream_headers(self, request: Request, rid: str) -> list[tuple[str, str]]:
         out = [(k, v) for k, v in request.headers.items() if k not in _DROP_UP]
@@ -350,7 +491,10 @@ class Proxy:
         t_sent: float,
         t_back: float,
         stream: bool,
+        upstream_wait: float = 0.0,
     ) -> Response | RelayResponse:
+        """`upstream_wait`: time already spent on other backends' answers (a prefill),
+        which is not the gateway's own overhead."""
         gw = self.gw
         b = up.backend
         if up.response.status < 500:
@@ -359,18 +503,15 @@ class Proxy:
         headers.append((b"x-edgeroute-backend", b.id.encode()))
         headers.append((b"x-request-id", rid.encode()))
         status = up.response.status
+        overhead = (t_sent - t0) - upstream_wait + (time.perf_counter() - t_back)
+        headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
+        gw.metrics.overhead.observe(overhead)
         if not up.streaming:
-            overhead = (t_sent - t0) + (time.perf_counter() - t_back)
-            headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
             headers.append((b"content-length", str(len(up.first)).encode()))
             gw.pool.finished(b)
-            gw.metrics.overhead.observe(overhead)
             gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
             gw.metrics.requests.labels(model, b.id, str(status)).inc()
             return _Raw(status, headers, up.first)
-        overhead = (t_sent - t0) + (time.perf_counter() - t_back)
-        headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
-        gw.metrics.overhead.observe(overhead)
         gw.metrics.ttft.labels(model, b.id).observe(t_back - t0)
         return RelayResponse(status, headers, self._relay(up, model, t0, t_back))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -55,14 +55,48 @@ class BackendConfig(BaseModel):
         return self.id or self.url.split("://", 1)[1]
 
 
+def _prefill_spec() -> PipelineSpec:
+    return PipelineSpec(policy="least_load", filters=["prefill_role", "serves_model", "healthy"])
+
+
+def _decode_spec() -> PipelineSpec:
+    return PipelineSpec(policy="netkv_full")
+
+
 class RoutingConfig(BaseModel):
+    """Whole requests by `default` (or a per-model spec); disaggregated ones by `prefill`
+    then `decode`."""
+
     model_config = ConfigDict(extra="forbid")
 
     default: PipelineSpec = Field(default_factory=PipelineSpec)
     models: dict[str, PipelineSpec] = Field(default_factory=dict)
+    prefill: PipelineSpec = Field(default_factory=_prefill_spec)
+    decode: PipelineSpec = Field(default_factory=_decode_spec)
+
+    # Keys of the shared store's routing hash; a model name never starts with "*".
+    ROLES: ClassVar[dict[str, str]] = {"*": "default", "*prefill": "prefill", "*decode": "decode"}
 
     def spec_for(self, model: str) -> PipelineSpec:
         return self.models.get(model, self.default)
+
+    def to_store(self) -> dict[str, str]:
+        out = {m: s.model_dump_json(exclude_none=True) for m, s in self.models.items()}
+        for key, role in self.ROLES.items():
+            out[key] = getattr(self, role).model_dump_json(exclude_none=True)
+        return out
+
+    @classmethod
+    def from_store(cls, entries: dict[str, Any]) -> RoutingConfig:
+        roles = {
+            role: PipelineSpec.model_validate(entries[key])
+            for key, role in cls.ROLES.items()
+            if key in entries
+        }
+        models = {
+            m: PipelineSpec.model_validate(v) for m, v in entries.items() if m not in cls.ROLES
+        }
+        return cls(models=models, **roles)
 
 
 class Timeouts(BaseModel):

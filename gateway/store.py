@@ -7,7 +7,7 @@ Key layout, all under `edgeroute:` (this module is the only place that names key
 | `edgeroute:replicas` | set | ids of replicas that have written in-flight counts | none; dead ids are pruned when their hash has expired |
 | `edgeroute:replica:{id}:inflight` | hash | backend id -> this replica's in-flight requests | `replica_ttl` |
 | `edgeroute:config:backends` | hash | backend id -> backend config (JSON) | none |
-| `edgeroute:config:routing` | hash | model (or `*` for the default) -> pipeline spec (JSON) | none |
+| `edgeroute:config:routing` | hash | model (or `*`, `*prefill`, `*decode` for the role defaults) -> pipeline spec (JSON) | none |
 | `edgeroute:config:oracle` | hash | `state` -> the NetKV oracle's topology and congestion (JSON) | none |
 | `edgeroute:config:version` | string | integer bumped by every config change | none |
 | `edgeroute:oracle:intents` | stream | TransferIntent records (source, destination, tier, bytes), capped | MAXLEN ~10000 |
@@ -41,7 +41,6 @@ CONFIG_ORACLE = PREFIX + "config:oracle"
 ORACLE_FIELD = "state"
 INTENTS = PREFIX + "oracle:intents"
 INTENTS_MAXLEN = 10_000
-DEFAULT_ROUTE = "*"
 
 
 def inflight_key(replica: str) -> str:

@@ -39,7 +39,8 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
 PICKERS = ("argmax", "power_of_two", "round_robin", "random")
 
 DEFAULT_FILTERS = ("healthy", "serves_model", "role")
-DECODE_FILTERS = ("healthy", "serves_model", "decode_role", "kv_feasible")
+# Structural filters first, so that an empty result names the filter that matters.
+DECODE_FILTERS = ("decode_role", "serves_model", "healthy", "kv_feasible")
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,7 @@ class Engine:
             need = self.profile.blocks_for(seq.context + 1)
             if need > self.free_blocks:
                 break
-            local_hit, cached = self._cached_prefix(seq)
+            local_hit, cached = self.cached_prefix(seq)
             prefill = seq.context - cached
             if admitted and prefill > budget:
                 break
@@ -253,7 +253,7 @@ class Engine:
             self._remember_prefix(seq)
         return admitted
 
-    def _cached_prefix(self, seq: Sequence) -> tuple[int, int]:
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
         """(tokens hit in the local prefix cache, tokens whose prefill is skipped)."""
         hit = 0
         for h in seq.prefix_hashes:

@@ -65,6 +65,7 @@ class WorkerConfig(BaseModel):
     # Prompts not in the data sets answer like this task's prompts. The multiple-choice
     # tasks answer with one letter; free-form chat is closer to code generation.
     default_task: str = "mbpp"
+    redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
     enable_faults: bool = False
     fault: Fault = Field(default_factory=Fault)
 
@@ -137,8 +138,16 @@ class Worker:
             return Outcome(tokens=16, score=0.0, task="none", source="fixed")
         return self.truth.outcome(last_user_text(body), task, seed)
 
-    async def _receive_kv(self, params: dict[str, Any], prompt_tokens: int) -> None:
-        """Wait for the prefill instance's KV cache to arrive over the emulated network."""
+    def _tier_capacity(self, tier: str) -> float:
+        """Bytes/s into this instance on `tier`, read at every change: congestion is live."""
+        topo = self.config.topology
+        return topo.effective_bandwidth(tier) if topo is not None else float("inf")
+
+    async def _receive_kv(self, params: dict[str, Any], seq: Sequence) -> None:
+        """Wait for the prefill instance's KV cache to arrive over the emulated network.
+
+        Only the blocks this instance's prefix cache lacks travel.
+        """
         topo = self.config.topology
         source = str(params.get("remote_engine_id") or "")
         if topo is None or not source:
@@ -146,16 +155,39 @@ class Worker:
         tier = topo.tier(source, self.config.id)
         link = self.links.get(tier)
         if link is None:
-            link = SharedLink(
-                functools.partial(topo.effective_bandwidth, tier), self.config.speedup
-            )
+            link = SharedLink(functools.partial(self._tier_capacity, tier), self.config.speedup)
             self.links[tier] = link
-        nbytes = prompt_tokens * self.profile.kv_bytes_per_token
+        hit, _ = self.engine.cached_prefix(seq)
+        nbytes = max(0, seq.prompt_tokens - hit) * self.profile.kv_bytes_per_token
         start = self.engine.now()
-        await asyncio.sleep(topo.tier_latency[tier] * 1e-6 / self.config.speedup)
+        await asyncio.sleep(topo.tier_latency.get(tier, 0.0) * 1e-6 / self.config.speedup)
         await link.send(nbytes)
         self.metrics.xfer_time.observe(self.engine.now() - start)
         self.metrics.xfer_bytes.observe(nbytes)
+
+    async def follow_oracle(self, every: float = 1.0) -> None:
+        """Keep the emulated network on the topology operators push into the oracle."""
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        from gateway.store import CONFIG_ORACLE, ORACLE_FIELD
+        from oracle.state import OracleState
+
+        assert self.config.redis_url is not None
+        client = aioredis.Redis.from_url(
+            self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
+        try:
+            while True:
+                try:
+                    raw = await client.hget(CONFIG_ORACLE, ORACLE_FIELD)
+                    if raw:
+                        self.config.topology = OracleState.model_validate_json(raw).topology
+                except (RedisError, OSError, ValueError) as exc:
+                    log.debug("oracle not readable: %s", exc)
+                await asyncio.sleep(every)
+        finally:
+            await client.aclose()
 
     # -- the OpenAI endpoints --------------------------------------------------
 
@@ -245,7 +277,7 @@ class Worker:
             "x-emulated-backend": self.config.id,
         }
         if remote_prefill:
-            await self._receive_kv(kv_params, prompt_tokens)
+            await self._receive_kv(kv_params, seq)
             seq.remote_cached_tokens = prompt_tokens
         out_params = None
         if remote_decode:
@@ -452,6 +484,9 @@ class Worker:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             stats_task = asyncio.create_task(log_stats())
+            oracle_task = (
+                asyncio.create_task(worker.follow_oracle()) if worker.config.redis_url else None
+            )
             worker.engine.start()
             log.info(
                 "worker %s (%s, role %s, speedup %g) ready",
@@ -462,6 +497,8 @@ class Worker:
             )
             yield
             stats_task.cancel()
+            if oracle_task is not None:
+                oracle_task.cancel()
             await worker.engine.stop()
             log.info("worker %s stopped", worker.config.id)
 
