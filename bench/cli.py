@@ -21,6 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     common(o)
     o.add_argument("--policies", default="least_load,cla,round_robin")
     o.set_defaults(func=lambda a: _overhead(a))
+    n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
+    common(n)
+    n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
+    n.add_argument("--profile", default="rag", choices=["chatbot", "rag", "long"])
+    n.set_defaults(func=lambda a: _netkv(a))
     w = which.add_parser(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
     )
@@ -44,3 +49,9 @@ def _capacity(a: argparse.Namespace) -> None:
     from bench.worker_capacity import main
 
     main(a.quick, a.seed, a.json)
+
+
+def _netkv(a: argparse.Namespace) -> None:
+    from bench.netkv import main
+
+    main(a.quick, a.seed, a.json, a.trace, a.profile)

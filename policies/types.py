@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
@@ -49,7 +50,7 @@ class BackendView:
     kv_usage: float = 0.0
     stats_age: float = float("inf")
     inflight: int = 0
-    cached_blocks: frozenset[int] = frozenset()
+    cached_blocks: AbstractSet[int] = frozenset()  # read-only; a set view will do
     id_hash: int = 0
     kv_capacity_tokens: int = 0  # 0: unknown
     max_batch: int = 256

@@ -1,0 +1,1 @@
+"""Discrete-event simulators that drive the very same policy objects as the gateway."""
