@@ -12,9 +12,11 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from types import MappingProxyType
 from typing import Any
 
 from bench.results_io import write
+from oracle.topology import Topology
 from policies import PRESETS, BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
 from policies.text import block_hashes, stable_hash
 
@@ -43,16 +45,22 @@ def make_view(
                 inflight=rng.randrange(30),
                 cached_blocks=cached,
                 id_hash=stable_hash(f"b{i}"),
+                role="decode" if decode else "both",
+                kv_capacity_tokens=200_000,
             )
         )
-    return ClusterView(tuple(backends), stale_after=5.0)
+    labels["prefill"] = {"node": "nP", "rack": "r0", "pod": "p0"}
+    oracle = Topology(instances=labels, congestion={"pod": 0.3, "cluster": 0.5})
+    contention = MappingProxyType({("prefill", "rack"): 2, ("prefill", "pod"): 1})
+    return ClusterView(tuple(backends), stale_after=5.0, oracle=oracle, self_contention=contention)
 
 
 def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     text = "".join(rng.choice("abcdefgh ") for _ in range(8000))
     blocks = block_hashes(text, 64)
-    view = make_view(n, rng, blocks)
+    decode = "decode_role" in PRESETS[policy].filters
+    view = make_view(n, rng, blocks, decode)
     pipeline = build_pipeline(PipelineSpec(policy=policy))
     reqs = [
         RequestInfo(
@@ -62,9 +70,12 @@ def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, 
             seq=i,
             entropy=rng.getrandbits(63),
             session_hash=rng.getrandbits(63),
+            prefill_id="prefill" if decode else None,
         )
         for i in range(calls)
     ]
+    # A benchmark of rejections would measure nothing: every decision must pick.
+    assert all(not pipeline.decide(r, view).rejected for r in reqs[:10]), policy
     means = []
     samples: list[float] = []
     for _ in range(runs):
