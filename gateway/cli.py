@@ -169,6 +169,24 @@ def cmd_fit_profiles(args: argparse.Namespace) -> None:
     print(f"wrote {out} ({len(fitted['models'])} models) from {data_dir}")  # type: ignore[arg-type]
 
 
+def cmd_train_qos(args: argparse.Namespace) -> None:
+    from qos.train import TrainConfig, train
+    from workers.quality import default_data_dir
+
+    cfg = TrainConfig(
+        variant=args.variant,
+        experts=args.experts,
+        rate=args.rate,
+        latency_ms=args.latency_ms,
+        steps=args.steps,
+        warmup=min(args.warmup, args.steps),
+        eval_every=args.eval_every,
+        seed=args.seed,
+        zero_predictions=args.zero_predictions,
+    )
+    train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgeroute", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -243,6 +261,22 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--data-dir")
     fit.add_argument("--out")
     fit.set_defaults(func=cmd_fit_profiles)
+
+    tr = sub.add_parser("train", help="train a learned policy")
+    which = tr.add_subparsers(dest="what", required=True)
+    q = which.add_parser("qos", help="the QoS-aware deep-RL router, on the edge simulator")
+    q.add_argument("--variant", choices=["full", "dsa", "baseline"], default="full")
+    q.add_argument("--steps", type=int, default=20_000)
+    q.add_argument("--warmup", type=int, default=1_000)
+    q.add_argument("--eval-every", type=int, default=2_000)
+    q.add_argument("--experts", type=int, default=6)
+    q.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second")
+    q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--zero-predictions", action="store_true")
+    q.add_argument("--data-dir")
+    q.add_argument("--out", default="models/qos")
+    q.set_defaults(func=cmd_train_qos)
 
     from bench.cli import add_parser as add_bench
 

@@ -1,0 +1,230 @@
+"""The HAN state encoder and the actor and critic heads (the QoS paper, section V-B).
+
+The heterogeneous graph has four node types: the arrived request, the experts, and
+each expert's running and waiting requests. Each layer does node-level attention per
+relation (running->expert, waiting->expert, arrived->expert, expert->arrived; a
+request node hears its own expert), then semantic-level attention that weighs the
+relations. 2 layers, 4 heads, hidden 64, as in the paper. Everything is dense,
+padded tensors with masks, so the graph exports to ONNX.
+
+Heads are pointer-style: expert n's logit (or Q-value) is read from the pair
+(arrived embedding, expert n's embedding), and `drop` from the arrived embedding, so
+one trained model serves any number of experts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from policies.qos_state import F_EXPERT, F_REQ
+
+NEG = -1e9
+
+
+class NodeAttention(nn.Module):
+    """Multi-head attention of target nodes over their (masked) neighbours."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.d = heads, hidden // heads
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+
+    def forward(self, target: Tensor, neigh: Tensor, mask: Tensor) -> Tensor:
+        # target [..., H], neigh [..., K, H], mask [..., K]
+        shape = target.shape[:-1]
+        q = self.q(target).reshape(*shape, self.heads, self.d)
+        k = self.k(neigh).reshape(*shape, -1, self.heads, self.d)
+        v = self.v(neigh).reshape(*shape, -1, self.heads, self.d)
+        scores = torch.einsum("...hd,...khd->...hk", q, k) / self.d**0.5
+        scores = scores + (1.0 - mask.unsqueeze(-2)) * NEG
+        attn = torch.softmax(scores, dim=-1) * mask.unsqueeze(-2)  # all-masked rows -> 0
+        out = torch.einsum("...hk,...khd->...hd", attn, v)
+        return out.reshape(*shape, self.heads * self.d)
+
+
+class SemanticAttention(nn.Module):
+    """Weighs relation-specific embeddings with one weight per relation (HAN)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, hidden)
+        self.q = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, z: Tensor, mask: Tensor) -> Tensor:
+        # z [B, M, R, H] (M nodes, R relations), mask [B, M]
+        w = self.q(torch.tanh(self.proj(z))).squeeze(-1)  # [B, M, R]
+        denom = mask.sum(-1, keepdim=True).clamp(min=1.0)
+        w = (w * mask.unsqueeze(-1)).sum(1) / denom  # [B, R]: averaged over valid nodes
+        beta = torch.softmax(w, dim=-1)
+        return (z * beta[:, None, :, None]).sum(2)
+
+
+class HANLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.run_to_exp = NodeAttention(hidden, heads)
+        self.wait_to_exp = NodeAttention(hidden, heads)
+        self.arr_to_exp = nn.Linear(hidden, hidden)  # one neighbour: attention weight 1
+        self.exp_self = nn.Linear(hidden, hidden)
+        self.exp_sem = SemanticAttention(hidden)
+        self.exp_to_arr = NodeAttention(hidden, heads)
+        self.arr_self = nn.Linear(hidden, hidden)
+        self.arr_sem = SemanticAttention(hidden)
+        self.req_self = nn.Linear(hidden, hidden)
+        self.req_from_exp = nn.Linear(hidden, hidden)
+        self.act = nn.ELU()
+
+    def forward(
+        self,
+        arr: Tensor,
+        exp: Tensor,
+        run: Tensor,
+        wait: Tensor,
+        m_exp: Tensor,
+        m_run: Tensor,
+        m_wait: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        z_exp = torch.stack(
+            [
+                self.run_to_exp(exp, run, m_run),
+                self.wait_to_exp(exp, wait, m_wait),
+                self.arr_to_exp(arr).unsqueeze(1).expand_as(exp),
+                self.exp_self(exp),
+            ],
+            dim=2,
+        )
+        new_exp = self.act(self.exp_sem(z_exp, m_exp))
+        z_arr = torch.stack([self.exp_to_arr(arr, exp, m_exp), self.arr_self(arr)], dim=1)
+        new_arr = self.act(self.arr_sem(z_arr.unsqueeze(1), torch.ones_like(arr[:, :1])))
+        new_arr = new_arr.squeeze(1)
+        from_exp = self.req_from_exp(exp).unsqueeze(2)
+        new_run = self.act(self.req_self(run) + from_exp) * m_run.unsqueeze(-1)
+        new_wait = self.act(self.req_self(wait) + from_exp) * m_wait.unsqueeze(-1)
+        return new_arr, new_exp * m_exp.unsqueeze(-1), new_run, new_wait
+
+
+class HANEncoder(nn.Module):
+    def __init__(self, hidden: int = 64, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.in_req = nn.Linear(F_REQ, hidden)
+        self.in_exp = nn.Linear(F_EXPERT, hidden)
+        self.layers = nn.ModuleList(HANLayer(hidden, heads) for _ in range(layers))
+        self.hidden = hidden
+
+    def forward(
+        self,
+        arrived: Tensor,
+        experts: Tensor,
+        running: Tensor,
+        waiting: Tensor,
+        expert_mask: Tensor,
+        running_mask: Tensor,
+        waiting_mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        arr = self.in_req(arrived)
+        exp = self.in_exp(experts) * expert_mask.unsqueeze(-1)
+        run = self.in_req(running) * running_mask.unsqueeze(-1)
+        wait = self.in_req(waiting) * waiting_mask.unsqueeze(-1)
+        for layer in self.layers:
+            arr, exp, run, wait = layer(
+                arr, exp, run, wait, expert_mask, running_mask, waiting_mask
+            )
+        return arr, exp
+
+
+class ExpertFeatureEncoder(nn.Module):
+    """Baseline RL's state: raw expert-level features (memory, running, waiting) only."""
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(3, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+        )
+        self.hidden = hidden
+
+    def forward(
+        self,
+        arrived: Tensor,
+        experts: Tensor,
+        running: Tensor,
+        waiting: Tensor,
+        expert_mask: Tensor,
+        running_mask: Tensor,
+        waiting_mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        exp = self.net(experts[..., :3]) * expert_mask.unsqueeze(-1)
+        arr = exp.sum(1) / expert_mask.sum(1, keepdim=True).clamp(min=1.0)
+        return arr, exp
+
+
+def _mlp(inp: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inp, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+class PointerHead(nn.Module):
+    """One output per action: drop from the arrived embedding, expert n from the pair."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.drop = _mlp(hidden, hidden)
+        self.expert = _mlp(2 * hidden, hidden)
+
+    def forward(self, arr: Tensor, exp: Tensor, expert_mask: Tensor, masked: float) -> Tensor:
+        pair = torch.cat([arr.unsqueeze(1).expand_as(exp), exp], dim=-1)
+        per_expert = self.expert(pair).squeeze(-1)
+        per_expert = per_expert * expert_mask + (1.0 - expert_mask) * masked
+        return torch.cat([self.drop(arr), per_expert], dim=-1)  # [B, 1 + N]
+
+
+class QoSNet(nn.Module):
+    """Encoder + pointer head: the actor (logits) or a critic (Q-values)."""
+
+    def __init__(
+        self,
+        encoder: str = "han",
+        hidden: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        critic: bool = False,
+    ) -> None:
+        super().__init__()
+        self.encoder: nn.Module = (
+            HANEncoder(hidden, heads, layers) if encoder == "han" else ExpertFeatureEncoder(hidden)
+        )
+        self.head = PointerHead(hidden)
+        self.masked = 0.0 if critic else NEG
+
+    def forward(
+        self,
+        arrived: Tensor,
+        experts: Tensor,
+        running: Tensor,
+        waiting: Tensor,
+        expert_mask: Tensor,
+        running_mask: Tensor,
+        waiting_mask: Tensor,
+    ) -> Tensor:
+        arr, exp = self.encoder(
+            arrived, experts, running, waiting, expert_mask, running_mask, waiting_mask
+        )
+        out: Tensor = self.head(arr, exp, expert_mask, self.masked)
+        return out
+
+
+class TwinCritic(nn.Module):
+    """Two Q heads on one encoder: the clipped double-Q of SAC at the cost of one encoder."""
+
+    def __init__(
+        self, encoder: str = "han", hidden: int = 64, heads: int = 4, layers: int = 2
+    ) -> None:
+        super().__init__()
+        self.encoder: nn.Module = (
+            HANEncoder(hidden, heads, layers) if encoder == "han" else ExpertFeatureEncoder(hidden)
+        )
+        self.q1, self.q2 = PointerHead(hidden), PointerHead(hidden)
+
+    def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:
+        arr, exp = self.encoder(*obs)
+        mask = obs[4]
+        return self.q1(arr, exp, mask, 0.0), self.q2(arr, exp, mask, 0.0)
