@@ -187,6 +187,14 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
     train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
 
 
+def cmd_train_predictors(args: argparse.Namespace) -> None:
+    from qos.predictors import compare_encoders
+    from workers.quality import default_data_dir
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgeroute", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -277,6 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data-dir")
     q.add_argument("--out", default="models/qos")
     q.set_defaults(func=cmd_train_qos)
+
+    pr = which.add_parser("predictors", help="the QoS router's score and length predictors")
+    pr.add_argument("--epochs", type=int, default=6)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument(
+        "--compare",
+        action="store_true",
+        help="also train on frozen MiniLM embeddings (needs sentence-transformers)",
+    )
+    pr.add_argument("--data-dir")
+    pr.add_argument("--out", default="models/qos")
+    pr.set_defaults(func=cmd_train_predictors)
 
     from bench.cli import add_parser as add_bench
 
