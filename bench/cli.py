@@ -26,6 +26,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
     n.add_argument("--profile", default="rag", choices=["chatbot", "rag", "long"])
     n.set_defaults(func=lambda a: _netkv(a))
+    q = which.add_parser("qos", help="the QoS router against BR, RR and SQF, with sweeps")
+    common(q)
+    q.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a trained agent's directory (with actor.onnx), repeatable",
+    )
+    q.add_argument("--trace", help="Azure-format trace for the trace workload")
+    q.set_defaults(func=lambda a: _qos(a))
     w = which.add_parser(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
     )
@@ -55,3 +66,12 @@ def _netkv(a: argparse.Namespace) -> None:
     from bench.netkv import main
 
     main(a.quick, a.seed, a.json, a.trace, a.profile)
+
+
+def _qos(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from bench.qos import main
+
+    models = dict(m.split("=", 1) for m in a.model)
+    main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace)
