@@ -183,6 +183,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         eval_every=args.eval_every,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
+        update_every=args.update_every,
     )
     train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
 
@@ -282,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--zero-predictions", action="store_true")
+    q.add_argument("--update-every", type=int, default=2, help="env steps per SAC update")
     q.add_argument("--data-dir")
     q.add_argument("--out", default="models/qos")
     q.set_defaults(func=cmd_train_qos)
