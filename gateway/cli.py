@@ -184,6 +184,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         seed=args.seed,
         zero_predictions=args.zero_predictions,
         update_every=args.update_every,
+        lr=args.lr,
     )
     train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
 
@@ -283,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--zero-predictions", action="store_true")
-    q.add_argument("--update-every", type=int, default=2, help="env steps per SAC update")
+    q.add_argument("--update-every", type=int, default=4, help="env steps per SAC update")
+    q.add_argument("--lr", type=float, default=1e-4)
     q.add_argument("--data-dir")
     q.add_argument("--out", default="models/qos")
     q.set_defaults(func=cmd_train_qos)

@@ -38,6 +38,8 @@ class TrainConfig:
     seed: int = 0
     zero_predictions: bool = False
     threads: int = 2
+    lr: float = 1e-4
+    target_entropy_ratio: float = 0.7  # of log(actions): keeps exploring, resists collapse
 
 
 def make_env(
@@ -63,7 +65,11 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path) -> dict[str, object]:
     env = make_env(cfg, data_dir, reward)
     eval_env = make_env(cfg, data_dir, reward, episode_len=512)
     sac = SAC(
-        SACConfig(encoder="experts" if cfg.variant == "baseline" else "han"),
+        SACConfig(
+            encoder="experts" if cfg.variant == "baseline" else "han",
+            lr=cfg.lr,
+            target_entropy_ratio=cfg.target_entropy_ratio,
+        ),
         n_actions=cfg.experts + 1,
     )
     obs = env.observe()
