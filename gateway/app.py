@@ -40,7 +40,7 @@ from gateway.store import (
     StoreUnavailable,
 )
 from oracle.state import OracleState
-from policies import Pipeline, PipelineSpec, build_pipeline
+from policies import Pipeline, PipelineSpec, Policy, build_policy
 
 log = logging.getLogger("edgeroute.gateway")
 
@@ -73,7 +73,7 @@ class Gateway:
         self.contention: dict[tuple[str, str], int] = {}
         self.intents: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.routing = settings.routing
-        self._pipelines: dict[str, Pipeline] = {}
+        self._pipelines: dict[str, Policy] = {}
         self._apply_routing(settings.routing)
         self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
         self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
@@ -123,12 +123,16 @@ class Gateway:
 
     def _apply_routing(self, routing: RoutingConfig) -> None:
         self.routing = routing
-        self.prefill_pipeline = build_pipeline(routing.prefill)
-        self.decode_pipeline = build_pipeline(routing.decode)
-        self._default = build_pipeline(routing.default)
-        self._pipelines = {m: build_pipeline(spec) for m, spec in routing.models.items()}
+        self.prefill_pipeline = build_policy(routing.prefill)
+        self.decode_pipeline = build_policy(routing.decode)
+        self._default = build_policy(routing.default)
+        self._pipelines = {m: build_policy(spec) for m, spec in routing.models.items()}
+        learned = [
+            p for p in (self._default, *self._pipelines.values()) if not isinstance(p, Pipeline)
+        ]
+        self.pool.track_requests = bool(learned)
 
-    def pipeline_for(self, model: str) -> Pipeline:
+    def pipeline_for(self, model: str) -> Policy:
         return self._pipelines.get(model, self._default)
 
     def backend_auth(self, b: Backend) -> dict[str, str]:
@@ -267,9 +271,19 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def get_routing() -> Response:
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
+    def check(spec: PipelineSpec) -> None:
+        """Build it before storing it: a learned policy's model files must load."""
+        try:
+            build_policy(spec)
+        except Exception as exc:
+            raise GatewayError(
+                400, f"policy {spec.policy!r} cannot be built: {exc}", param="policy"
+            ) from exc
+
     @r.put("/routing/{role}")
     async def put_role(role: str, spec: PipelineSpec) -> Response:
         """`default`, or for disaggregated serving `prefill` and `decode`."""
+        check(spec)
         keys = {v: k for k, v in RoutingConfig.ROLES.items()}
         if role not in keys:
             raise GatewayError(
@@ -282,6 +296,7 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def put_model(model: str, spec: PipelineSpec) -> Response:
         if model.startswith("*"):
             raise GatewayError(400, "model names cannot start with '*'", param="model")
+        check(spec)
         await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json())
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 

@@ -17,7 +17,7 @@ from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
 from oracle.topology import Topology
 from policies.text import stable_hash
-from policies.types import BackendView, ClusterView
+from policies.types import BackendView, ClusterView, InflightRequest
 
 
 @dataclass
@@ -30,6 +30,22 @@ class EngineStats:
 
 
 @dataclass(eq=False)
+class InflightEntry:
+    """One in-flight request's progress, for policies that read it (QoS-DRL)."""
+
+    prompt_tokens: int
+    started_at: float
+    generated: int = 0
+    pred_score: float = 0.0
+    pred_length: float = 0.0
+
+    def snapshot(self) -> InflightRequest:
+        return InflightRequest(
+            self.prompt_tokens, self.started_at, self.generated, self.pred_score, self.pred_length
+        )
+
+
+@dataclass(eq=False)
 class Backend:
     config: BackendConfig
     circuit: Circuit
@@ -38,6 +54,7 @@ class Backend:
     inflight: int = 0  # this replica's requests on it
     remote_inflight: int = 0  # other replicas' requests, from the shared store
     prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    requests: dict[int, InflightEntry] = field(default_factory=dict)
     index: int = -1  # position in the current view
 
     @property
@@ -71,6 +88,7 @@ class BackendPool:
         self.view = ClusterView((), stale_after=stale_after)
         self.known_models: frozenset[str] = frozenset()
         self.pd_models: frozenset[str] = frozenset()
+        self.track_requests = False  # views carry in-flight requests (for QoS-DRL)
 
     # -- membership -----------------------------------------------------------
 
@@ -131,7 +149,13 @@ class BackendPool:
             iter_base=b.config.profile.iter_base,
             iter_per_seq=b.config.profile.iter_per_seq,
             kv_bytes_per_token=b.config.profile.kv_bytes_per_token,
+            requests=self._requests_of(b),
         )
+
+    def _requests_of(self, b: Backend) -> tuple[InflightRequest, ...]:
+        if not self.track_requests:
+            return ()
+        return tuple(e.snapshot() for e in b.requests.values())
 
     def rebuild(self) -> None:
         """A fresh view of every backend; off the request path."""
@@ -173,8 +197,13 @@ class BackendPool:
 
     # -- request path -----------------------------------------------------------
 
-    def dispatched(self, b: Backend, blocks: tuple[int, ...]) -> None:
+    def dispatched(
+        self, b: Backend, blocks: tuple[int, ...], entry: InflightEntry | None = None
+    ) -> None:
         b.inflight += 1
+        if entry is not None and self.track_requests:
+            b.requests[id(entry)] = entry
+            self._refresh_one(b, requests=self._requests_of(b))
         if blocks:
             prefix = b.prefix
             for h in blocks:
@@ -188,9 +217,14 @@ class BackendPool:
         else:
             self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
 
-    def finished(self, b: Backend) -> None:
+    def finished(self, b: Backend, entry: InflightEntry | None = None) -> None:
         b.inflight -= 1
-        self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
+        if entry is not None and b.requests.pop(id(entry), None) is not None:
+            self._refresh_one(
+                b, inflight=b.inflight + b.remote_inflight, requests=self._requests_of(b)
+            )
+        else:
+            self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
 
     def failed(self, b: Backend) -> bool:
         """Record a failure; True when it opened the circuit."""

@@ -26,11 +26,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.auth import require_client_key
-from gateway.backends import Backend
+from gateway.backends import Backend, InflightEntry
 from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
-from policies.pipeline import Pipeline
+from policies.pipeline import Policy
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
 
@@ -80,6 +80,7 @@ class Upstream:
     response: aiohttp.ClientResponse
     first: bytes  # the first body chunk (stream) or the whole body
     streaming: bool  # more chunks may follow `first`
+    entry: InflightEntry | None = None
 
 
 class Retryable(Exception):
@@ -226,6 +227,7 @@ class Proxy:
             session_hash=stable_hash(session) if isinstance(session, str) and session else None,
             seq=next(self._seq),
             entropy=random.getrandbits(63),
+            now=time.monotonic(),
             stream=bool(body.get("stream")),
             task=request.headers.get("x-edgeroute-task"),
             prompt=text,
@@ -256,7 +258,7 @@ class Proxy:
     async def _forward(
         self,
         request: Request,
-        pipeline: Pipeline,
+        pipeline: Policy,
         info: RequestInfo,
         path: str,
         raw: bytes,
@@ -300,7 +302,14 @@ class Proxy:
                 continue
             gw.metrics.decisions.labels(pipeline.name, backend.id).inc()
             tried.add(backend.id)
-            gw.pool.dispatched(backend, info.block_hashes)
+            score, length = decision.predicted or (0.0, 0.0)
+            entry = InflightEntry(
+                info.prompt_tokens,
+                info.now or time.monotonic(),
+                pred_score=score,
+                pred_length=length,
+            )
+            gw.pool.dispatched(backend, info.block_hashes, entry)
             if on_dispatch is not None:
                 on_dispatch(backend)
             t_sent = time.perf_counter()
@@ -309,7 +318,7 @@ class Proxy:
                     self._open(backend, path, raw, headers, stream), request.receive
                 )
             except Retryable as exc:
-                gw.pool.finished(backend)
+                gw.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)
                 if gw.pool.failed(backend):
@@ -318,11 +327,12 @@ class Proxy:
                 last = exc
                 continue
             except (ClientGone, asyncio.CancelledError):
-                gw.pool.finished(backend)
+                gw.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)
                 gw.metrics.requests.labels(model, backend.id, "499").inc()
                 raise
+            up.entry = entry
             return up, t_sent
         assert last is not None
         raise last.error
@@ -356,7 +366,7 @@ class Proxy:
         )
         prefill_wait = time.perf_counter() - t_prefill_sent
         prefill = up.backend
-        gw.pool.finished(prefill)
+        gw.pool.finished(prefill, up.entry)
         if up.response.status != 200:
             return self._respond(up, model, rid, t0, t_prefill_sent, time.perf_counter(), False)
         gw.pool.succeeded(prefill)
@@ -508,7 +518,7 @@ class Proxy:
         gw.metrics.overhead.observe(overhead)
         if not up.streaming:
             headers.append((b"content-length", str(len(up.first)).encode()))
-            gw.pool.finished(b)
+            gw.pool.finished(b, up.entry)
             gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
             gw.metrics.requests.labels(model, b.id, str(status)).inc()
             return _Raw(status, headers, up.first)
@@ -537,6 +547,8 @@ class Proxy:
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
+                if up.entry is not None:
+                    up.entry.generated += 1  # an SSE chunk is about a token
                 yield chunk
         except (aiohttp.ClientError, TimeoutError) as exc:
             status = "502"
@@ -554,7 +566,7 @@ class Proxy:
                 up.response.release()
             else:
                 up.response.close()  # the backend sees the disconnect and stops
-            gw.pool.finished(b)
+            gw.pool.finished(b, up.entry)
             gw.metrics.requests.labels(model, b.id, status).inc()
             gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
 

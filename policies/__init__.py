@@ -3,8 +3,8 @@
 The gateway and every simulator call the very same objects.
 """
 
-from policies.pipeline import Filter, Picker, Pipeline, Scorer
-from policies.registry import PRESETS, PipelineSpec, build_pipeline
+from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
+from policies.registry import PRESETS, PipelineSpec, build_pipeline, build_policy
 from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role, queue_depth
 
 __all__ = [
@@ -16,9 +16,11 @@ __all__ = [
     "Picker",
     "Pipeline",
     "PipelineSpec",
+    "Policy",
     "RequestInfo",
     "Role",
     "Scorer",
     "build_pipeline",
+    "build_policy",
     "queue_depth",
 ]

@@ -42,6 +42,18 @@ class Picker(Protocol):
     ) -> BackendView: ...
 
 
+class Policy(Protocol):
+    """What the gateway and the simulators call: a Pipeline, or a learned policy."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uses_prefix(self) -> bool: ...
+
+    def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A configured policy: which backends may serve, how they rank, how one is chosen."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies import filters, netkv, pickers, scorers
-from policies.pipeline import Filter, Picker, Pipeline, Scorer
+from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
 
 FILTERS: dict[str, Callable[[], Filter]] = {
     "healthy": filters.Healthy,
@@ -82,10 +82,12 @@ class PipelineSpec(BaseModel):
     scorers: dict[str, float] | None = None
     picker: str | None = None
     tie_epsilon: float | None = Field(default=None, ge=0.0, le=1.0)  # None: the preset's
+    model: str | None = None  # qos_drl: the model directory (default: models/qos)
+    latency_ms: float = Field(default=30.0, gt=0)  # qos_drl: L, the per-token requirement
 
     @model_validator(mode="after")
     def _known_names(self) -> PipelineSpec:
-        if self.policy not in PRESETS:
+        if self.policy not in PRESETS and self.policy not in LEARNED:
             raise ValueError(f"unknown policy {self.policy!r}; known: {sorted(PRESETS)}")
         for name in self.filters or ():
             if name not in FILTERS:
@@ -108,6 +110,20 @@ def _picker(name: str, tie_epsilon: float) -> Picker:
     if name == "round_robin":
         return pickers.RoundRobin()
     return pickers.Random()
+
+
+LEARNED = ("qos_drl",)
+
+
+def build_policy(spec: PipelineSpec) -> Policy:
+    """A Pipeline for the presets; the learned policy for `qos_drl`."""
+    if spec.policy == "qos_drl":
+        from pathlib import Path
+
+        from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
+
+        return QoSDRL(Path(spec.model) if spec.model else DEFAULT_MODEL_DIR, spec.latency_ms)
+    return build_pipeline(spec)
 
 
 def build_pipeline(spec: PipelineSpec) -> Pipeline:

@@ -34,6 +34,18 @@ class RequestInfo:
     task: str | None = None
     prompt: str = ""
     prefill_id: str | None = None  # for decode selection: where the KV cache comes from
+    now: float = 0.0  # the arrival instant (monotonic seconds), drawn at the edge
+
+
+@dataclass(frozen=True, slots=True)
+class InflightRequest:
+    """One of the gateway's requests on a backend, as of the last snapshot."""
+
+    prompt_tokens: int
+    started_at: float  # monotonic seconds
+    generated: int = 0  # streamed chunks seen so far
+    pred_score: float = 0.0
+    pred_length: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,8 @@ class BackendView:
     iter_base: float = 0.02  # s per iteration, plus iter_per_seq per sequence in the batch
     iter_per_seq: float = 0.0005
     kv_bytes_per_token: float = 327_680.0
+    expert: str | None = None  # the model it serves, for quality predictors
+    requests: tuple[InflightRequest, ...] = ()
 
     def free_kv_tokens(self) -> float:
         return (1.0 - self.kv_usage) * self.kv_capacity_tokens
@@ -86,6 +100,7 @@ class Decision:
     backend: BackendView | None
     reason: str = ""
     retry_after: float = 1.0
+    predicted: tuple[float, float] | None = None  # (score, length) on the chosen backend
 
     @property
     def rejected(self) -> bool:

@@ -325,12 +325,18 @@ class EdgeEnv:
         e = self.experts[n]
         pred_len = max(1.0, self.preds[n][1])
         p_j = self.task.prompt_tokens
+        batch = e.running + e.fresh  # fresh: in the batch, prefill in flight
+        step = e.spec.base + e.spec.k2 * sum(r.tokens for r in batch)  # an iteration now
         penalty = 0.0
-        for r in e.running + e.fresh:  # fresh: in the batch, prefill in flight
+        for r in batch:
             d_i = max(float(r.generated + 1), r.pred_length)
             m = max(0.0, min(d_i - r.generated, pred_len))
             extra = (e.spec.k1 * p_j + e.spec.k2 * (m * p_j + m * (m + 1) / 2)) / d_i
-            if r.latency_per_token(self.now) + extra >= self.L:
+            # l_hat: the *final* average latency per token projected at today's pace (the
+            # quantity eq. 15's increase is measured against), not the current average,
+            # which early in decode is dominated by the time to the first token.
+            projected = ((self.now - r.arrival) + (d_i - r.generated) * step) / d_i
+            if projected + extra >= self.L:
                 penalty += r.pred_score
         return penalty
 

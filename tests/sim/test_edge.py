@@ -79,7 +79,9 @@ def test_impact_penalty_is_eq_15() -> None:
     d_i = max(r.generated + 1, r.pred_length)
     m = min(d_i - r.generated, d_j)
     extra = (EXPERT.k1 * p_j + EXPERT.k2 * (m * p_j + m * (m + 1) / 2)) / d_i
-    crosses = r.latency_per_token(env.now) + extra >= env.L
+    step = EXPERT.base + EXPERT.k2 * r.tokens
+    projected = ((env.now - r.arrival) + (d_i - r.generated) * step) / d_i
+    crosses = projected + extra >= env.L
     assert env.impact_penalty(0) == (r.pred_score if crosses else 0.0)
     # A tighter L makes the same action costly.
     env.L = 1e-4

@@ -1,0 +1,106 @@
+"""The QoS-aware deep-RL router, served: the trained actor as one ONNX graph.
+
+For each arriving request the policy predicts, per candidate backend, the bucketised
+score and output length (the predictor, also ONNX), builds the HAN state from the
+snapshot (backend memory use and the gateway's in-flight requests on it, with their
+progress) exactly as in training (`policies.qos_state.encode`), and takes the actor's
+most likely action. Action 0, drop, becomes load shedding: a 503 with Retry-After.
+
+It needs onnxruntime and the committed model files, not PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies.filters import Healthy, Role, ServesModel
+from policies.qos_state import INPUTS, ExpertSnapshot, QueuedRequest, encode
+from policies.qos_text import hashed_ids
+from policies.types import BackendView, ClusterView, Decision, RequestInfo
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
+BUCKETS = 10
+MAX_TOKENS = 300.0
+
+
+class QoSDRL:
+    name = "qos_drl"
+    uses_prefix = False
+
+    def __init__(
+        self, model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5
+    ) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
+        self._predictor = ort.InferenceSession(
+            str(model_dir / "predictor.onnx"), opts, providers=providers
+        )
+        self._models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
+        self.latency = latency_ms / 1000.0
+        self.running_cap = running_cap
+        self._filters = (Healthy(), ServesModel(), Role())
+
+    def _expert_index(self, backend: BackendView) -> int:
+        """The predictor's index of the model a backend serves (by name or suffix)."""
+        names = [backend.expert] if backend.expert else sorted(backend.models)
+        for name in names:
+            for i, m in enumerate(self._models):
+                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
+                    return i
+        return 0
+
+    def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
+        ids = np.repeat(hashed_ids(prompt)[None], len(backends), axis=0)
+        experts = np.array([self._expert_index(b) for b in backends], np.int64)
+        score, length = self._predictor.run(None, {"ids": ids, "expert": experts})
+        sb, lb = score.argmax(-1), length.argmax(-1)
+        return [
+            ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)
+            for s, b in zip(sb.tolist(), lb.tolist(), strict=True)
+        ]
+
+    def _snapshot(self, b: BackendView, now: float) -> ExpertSnapshot:
+        queued = []
+        cap = max(1, b.kv_capacity_tokens)
+        for r in b.requests:
+            share = (r.prompt_tokens + r.generated) / cap if b.kv_capacity_tokens else 0.0
+            queued.append(
+                QueuedRequest(
+                    r.prompt_tokens,
+                    r.pred_score,
+                    r.pred_length,
+                    share,
+                    r.generated,
+                    max(0.0, now - r.started_at) / max(1, r.generated),
+                )
+            )
+        # The oldest requests are the ones in the running batch.
+        running, waiting = queued[: self.running_cap], queued[self.running_cap :]
+        return ExpertSnapshot(b.kv_usage, running, waiting)
+
+    def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+        candidates = [b for b in view.backends if all(f.keep(req, view, b) for f in self._filters)]
+        if not candidates:
+            return Decision(None, reason="no backend passed the filters")
+        preds = self.predict(req.prompt, candidates)
+        obs = encode(
+            req.prompt_tokens, preds, [self._snapshot(b, req.now) for b in candidates], self.latency
+        )
+        feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS}
+        action = int(np.argmax(self._actor.run(["logits"], feeds)[0][0]))
+        if action == 0:
+            return Decision(
+                None,
+                reason="shed by the QoS policy: no backend can meet the latency target for it now",
+                retry_after=1.0,
+            )
+        return Decision(candidates[action - 1], predicted=preds[action - 1])
