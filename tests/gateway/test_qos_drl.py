@@ -1,0 +1,132 @@
+"""The QoS-DRL policy served by the gateway, with real workers and ONNX graphs.
+
+The actors here are untrained networks whose drop logit is forced, so the test knows
+what each must decide; the trained model is evaluated by `edgeroute bench qos`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from qos.export import export_actor
+from qos.model import QoSNet
+from qos.predictors import train_predictor
+from tests.support import DATA_DIR, wait_until
+
+Start = Callable[..., tuple[str, Any]]
+TOKEN = {"authorization": "Bearer test-admin-token"}
+MODEL = "edge"
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    base = tmp_path_factory.mktemp("qos")
+    train_predictor(DATA_DIR, "bow", epochs=1, out=base / "predictor")
+    dirs = {}
+    for name, bias in (("route", -100.0), ("shed", 100.0)):
+        torch.manual_seed(0)
+        net = QoSNet()
+        with torch.no_grad():
+            net.head.drop[-1].bias.fill_(bias)
+        d = base / name
+        export_actor(net, d / "actor.onnx")
+        for f in ("predictor.onnx", "predictor.json"):
+            (d / f).write_bytes((base / "predictor" / f).read_bytes())
+        dirs[name] = d
+    yield dirs
+
+
+def start(start_worker: Start, start_gateway: Start, model_dir: Path) -> tuple[str, Any]:
+    backends = []
+    for profile in ("mistral-7b-chat", "llama-2-70b-chat", "Yi-34B-Chat"):
+        url, _ = start_worker(profile=profile, served_model_names=[profile, MODEL], speedup=2.0)
+        backends.append({"url": url, "id": profile})
+    return start_gateway(
+        backends, routing={"default": {"policy": "qos_drl", "model": str(model_dir)}}
+    )
+
+
+def test_the_learned_policy_routes_and_sees_the_inflight_requests(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    url, gw = start(start_worker, start_gateway, models["route"])
+    assert gw.pool.track_requests
+    stop = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": MODEL,
+                "stream": True,
+                "max_tokens": 200,
+                "messages": [{"role": "user", "content": "Write a long story."}],
+            },
+        ) as r:
+            assert r.status_code == 200
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        # The view carries the gateway's in-flight requests with their streamed progress.
+        wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 3)
+        wait_until(
+            lambda: any(r.generated > 2 for b in gw.pool.view.backends for r in b.requests),
+            timeout=5,
+        )
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "Write a function that sorts a list."}],
+            },
+        )
+        assert r.status_code == 200 and r.headers["x-edgeroute-backend"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 0)
+
+
+def test_the_drop_action_sheds_with_503_and_retry_after(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    url, _ = start(start_worker, start_gateway, models["shed"])
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert "shed by the QoS policy" in r.json()["error"]["message"]
+
+
+def test_a_learned_policy_without_its_model_files_is_refused(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path], tmp_path: Path
+) -> None:
+    url, gw = start(start_worker, start_gateway, models["route"])
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={"policy": "qos_drl", "model": str(tmp_path / "missing")},
+    )
+    assert r.status_code == 400 and "cannot be built" in r.json()["error"]["message"]
+    assert gw.routing.default.model == str(models["route"])
