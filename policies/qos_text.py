@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 
-VOCAB = 1 << 15
+VOCAB = 1 << 14
 MAX_IDS = 256
 _WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 

@@ -101,7 +101,7 @@ def train_predictor(
     e = torch.from_numpy(ds.experts)
     ys, yl = torch.from_numpy(ds.score), torch.from_numpy(ds.length)
     tr, te = np.where(~ds.test)[0], np.where(ds.test)[0]
-    net = Predictor(len(MODELS), 64 if bow else feats.shape[1], bow=bow)
+    net = Predictor(len(MODELS), 32 if bow else feats.shape[1], bow=bow)
     opt = torch.optim.Adam(net.parameters(), lr=2e-3)
     loss_fn = nn.CrossEntropyLoss()
     rng = np.random.default_rng(seed)
