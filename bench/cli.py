@@ -36,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="a trained agent's directory (with actor.onnx), repeatable",
     )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
+    q.add_argument(
+        "--live",
+        action="store_true",
+        help="also compare through the real gateway with 6 emulated workers",
+    )
     q.set_defaults(func=lambda a: _qos(a))
     w = which.add_parser(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
@@ -74,4 +79,4 @@ def _qos(a: argparse.Namespace) -> None:
     from bench.qos import main
 
     models = dict(m.split("=", 1) for m in a.model)
-    main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace)
+    main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)

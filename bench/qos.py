@@ -59,7 +59,12 @@ def decision_latency(session: Any, n: int, calls: int = 2000) -> dict[str, float
 
 
 def main(
-    quick: bool, seed: int, json_path: str | None, models: dict[str, Path], trace: str | None
+    quick: bool,
+    seed: int,
+    json_path: str | None,
+    models: dict[str, Path],
+    trace: str | None,
+    live: bool = False,
 ) -> None:
     from workers.quality import default_data_dir
 
@@ -115,6 +120,10 @@ def main(
             rows.append({"setting": label, "policy": name, **asdict(s)})
         best = max((r for r in rows if r["setting"] == label), key=lambda r: r["qos"])
         print(f"  {label:<12} best: {best['policy']} (QoS {best['qos']:.3f})", flush=True)
+    if live and not quick:
+        from bench.qos_live import live as live_run
+
+        rows += live_run(models, data)
     latency = [
         {"policy": name, **decision_latency(sess, n)}
         for name, sess in sessions.items()
