@@ -44,6 +44,7 @@ class QoSDRL:
         self._predictor = ort.InferenceSession(
             str(model_dir / "predictor.onnx"), opts, providers=providers
         )
+        self._inputs = {i.name for i in self._actor.get_inputs()}
         self._models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
         self.latency = latency_ms / 1000.0
         self.running_cap = running_cap
@@ -95,7 +96,7 @@ class QoSDRL:
         obs = encode(
             req.prompt_tokens, preds, [self._snapshot(b, req.now) for b in candidates], self.latency
         )
-        feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS}
+        feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}
         action = int(np.argmax(self._actor.run(["logits"], feeds)[0][0]))
         if action == 0:
             return Decision(

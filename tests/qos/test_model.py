@@ -50,9 +50,11 @@ def test_permuting_experts_permutes_their_logits() -> None:
     assert np.allclose(a[:, 1:][:, perm], b[:, 1:], atol=1e-5)
 
 
-def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoder", ["han", "experts"])
+def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str) -> None:
+    # The expert-feature encoder ignores the queues: the export prunes those inputs.
     torch.manual_seed(0)
-    net = QoSNet()
+    net = QoSNet(encoder)
     export_actor(net, tmp_path / "actor.onnx")
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
 
