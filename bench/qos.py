@@ -173,7 +173,8 @@ def plot(rows: list[dict[str, Any]]) -> None:
     width = 0.8 / len(policies)
     for i, p in enumerate(policies):
         vals = [
-            next(r["qos"] for r in rows if r["setting"] == s and r["policy"] == p) for s in settings
+            next((r["qos"] for r in rows if r["setting"] == s and r["policy"] == p), 0.0)
+            for s in settings
         ]
         ax.bar(np.arange(len(settings)) + i * width, vals, width, label=p)
     ax.set_xticks(np.arange(len(settings)) + 0.4, settings, rotation=30, fontsize=8)
