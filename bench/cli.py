@@ -26,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
     n.add_argument("--profile", default="rag", choices=["chatbot", "rag", "long"])
     n.set_defaults(func=lambda a: _netkv(a))
+    pz = which.add_parser("prism", help="Prism against the MoE placement baselines")
+    common(pz)
+    pz.set_defaults(func=lambda a: _prism(a))
     q = which.add_parser("qos", help="the QoS router against BR, RR and SQF, with sweeps")
     common(q)
     q.add_argument(
@@ -80,3 +83,9 @@ def _qos(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)
+
+
+def _prism(a: argparse.Namespace) -> None:
+    from bench.prism import main
+
+    main(a.quick, a.seed, a.json)
