@@ -31,6 +31,7 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
     "load": scorers.Load,
     "prefix_cache": scorers.PrefixCache,
     "session_affinity": scorers.SessionAffinity,
+    "expert_map": scorers.ExpertMap,
     "netkv_topology": lambda: netkv.NetKVCost(False, False, name="netkv_topology"),
     "netkv_static": lambda: netkv.NetKVCost(True, False, name="netkv_static"),
     "netkv_full": lambda: netkv.NetKVCost(True, True, name="netkv_full"),
@@ -61,6 +62,8 @@ PRESETS: dict[str, Preset] = {
     "session_affinity": Preset({"session_affinity": 1.0, "load": 0.05}),
     "prefix_cache": Preset({"prefix_cache": 1.0, "load": 0.05}),
     "cla": Preset({"prefix_cache": 0.5, "load": 0.5}),
+    # Prism: local expert coverage of the request's class first, queue length second.
+    "prism": Preset({"expert_map": 1.0, "load": 0.3}),
     # Decode-instance selection for disaggregated serving (NetKV's baselines and ladder).
     "decode_rr": Preset({}, "round_robin", DECODE_FILTERS),
     "decode_la": Preset({"load": 1.0}, filters=DECODE_FILTERS),

@@ -74,3 +74,35 @@ class SessionAffinity:
         weights = [mix64(key ^ b.id_hash) for b in candidates]
         best = max(range(len(candidates)), key=weights.__getitem__)
         return [1.0 if i == best else 0.0 for i in range(len(candidates))]
+
+
+@dataclass(frozen=True)
+class ExpertMap:
+    """Prism's expert-map score: the share of the request class's expected expert
+    activations that the backend holds locally (the rest are remote calls).
+
+    The class is `RequestInfo.task` (the `x-edgeroute-task` header); backends score 0.5
+    when the class or the map is unknown, leaving the choice to the other scorers.
+    """
+
+    name: str = "expert_map"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        freq = view.expert_stats.get(req.task or "")
+        if freq is None:
+            return [0.5] * len(candidates)
+        total = float(freq.sum()) or 1.0
+        out = []
+        for b in candidates:
+            if not b.hosted_experts:
+                out.append(0.5)
+                continue
+            local = sum(
+                float(freq[layer, e])
+                for layer, e in b.hosted_experts
+                if layer < freq.shape[0] and e < freq.shape[1]
+            )
+            out.append(local / total)
+        return out

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from oracle.topology import Topology
@@ -71,6 +71,7 @@ class BackendView:
     kv_bytes_per_token: float = 327_680.0
     expert: str | None = None  # the model it serves, for quality predictors
     requests: tuple[InflightRequest, ...] = ()
+    hosted_experts: frozenset[tuple[int, int]] = frozenset()  # (layer, expert) it holds
 
     def free_kv_tokens(self) -> float:
         return (1.0 - self.kv_usage) * self.kv_capacity_tokens
@@ -91,6 +92,8 @@ class ClusterView:
         default_factory=lambda: MappingProxyType({})
     )
     block_tokens: int = 64  # the granularity of RequestInfo.block_hashes
+    # Prism: each request class's expert-activation frequencies, [layers, experts].
+    expert_stats: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

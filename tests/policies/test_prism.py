@@ -137,3 +137,34 @@ def test_migration_cost_and_the_adoption_rule() -> None:
     assert migration_seconds(old, old, servers, 1.0) == 0.0
     assert should_adopt(cost_new=5.0, migration=3.0, cost_old=9.0)
     assert not should_adopt(cost_new=5.0, migration=4.0, cost_old=9.0)
+
+
+def test_the_expert_map_scorer_prefers_the_server_holding_the_class_experts() -> None:
+    from types import MappingProxyType
+
+    from policies import BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
+
+    freq = np.zeros((2, 4))
+    freq[0, 1] = freq[1, 3] = 10.0  # class "code" uses expert 1 of layer 0, 3 of layer 1
+    freq[0, 0] = freq[1, 0] = 1.0
+    holds_them = BackendView(
+        id="a",
+        models=frozenset({"m"}),
+        stats_age=0.0,
+        inflight=2,
+        hosted_experts=frozenset({(0, 1), (1, 3)}),
+    )
+    holds_other = BackendView(
+        id="b",
+        models=frozenset({"m"}),
+        stats_age=0.0,
+        inflight=0,
+        hosted_experts=frozenset({(0, 0), (1, 0)}),
+    )
+    view = ClusterView((holds_them, holds_other), expert_stats=MappingProxyType({"code": freq}))
+    pipeline = build_pipeline(PipelineSpec(policy="prism"))
+    pick = pipeline.decide(RequestInfo(model="m", prompt_tokens=10, task="code"), view)
+    assert pick.backend is not None and pick.backend.id == "a"  # 20/22 local beats load
+    # Unknown class: the map says nothing, the queue decides.
+    other = pipeline.decide(RequestInfo(model="m", prompt_tokens=10, task="chat"), view)
+    assert other.backend is not None and other.backend.id == "b"
