@@ -44,6 +44,7 @@ class Sequence:
     target_tokens: int
     prefix_hashes: tuple[int, ...] = ()
     remote_cached_tokens: int = 0
+    task: str = ""  # the request class (MoE activation statistics are kept per class)
     arrival: float = 0.0
     generated: int = 0
     blocks: int = 0
@@ -101,11 +102,13 @@ class Engine:
         profile: EngineProfile,
         speedup: float = 1.0,
         observer: Observer | None = None,
+        extra_cost: Callable[[Plan], float] | None = None,
     ) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
         self.profile = profile
         self.speedup = speedup
+        self.extra_cost = extra_cost  # e.g. remote MoE expert calls, per iteration
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_blocks = profile.kv_blocks
@@ -298,6 +301,8 @@ class Engine:
                 deadline = time.monotonic()
                 continue
             dt = self.profile.iteration_time(plan.prefill_tokens, plan.decode_context)
+            if self.extra_cost is not None:
+                dt += self.extra_cost(plan)
             deadline += dt / self.speedup
             delay = deadline - time.monotonic()
             if delay > 0:

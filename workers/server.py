@@ -28,6 +28,7 @@ from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_
 from workers.engine import Engine, EngineError, Sequence
 from workers.kvtransfer import SharedLink
 from workers.metrics import WorkerMetrics
+from workers.moe_host import MoEConfig, MoEHost
 from workers.profiles import PROFILES, EngineProfile
 from workers.quality import GroundTruth, Outcome
 from workers.textgen import generate, truncate_at_stop
@@ -66,6 +67,7 @@ class WorkerConfig(BaseModel):
     # tasks answer with one letter; free-form chat is closer to code generation.
     default_task: str = "mbpp"
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
+    moe: MoEConfig | None = None  # MoE worker mode: the experts it hosts
     enable_faults: bool = False
     fault: Fault = Field(default_factory=Fault)
 
@@ -122,7 +124,16 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.profile = config.engine_profile()
-        self.engine = Engine(self.profile, speedup=config.speedup)
+        self.moe = (
+            MoEHost(config.moe, config.data_dir or Path("."), config.speedup)
+            if config.moe is not None
+            else None
+        )
+        self.engine = Engine(
+            self.profile,
+            speedup=config.speedup,
+            extra_cost=self.moe.iteration_cost if self.moe else None,
+        )
         self.metrics = WorkerMetrics(self.engine, config.names[0])
         self.engine._observer = self.metrics.observe
         data_model = PROFILES[config.profile].data_model
@@ -269,6 +280,7 @@ class Worker:
             prompt_tokens=prompt_tokens,
             target_tokens=max(emit, 1) if remote_decode else emit,
             prefix_hashes=block_hashes(text, self.profile.block_size),
+            task=request.headers.get("x-edgeroute-task") or "",
         )
         headers = {
             "x-emulated-score": f"{outcome.score:g}",
@@ -545,6 +557,21 @@ class Worker:
                 orjson.dumps({"server_load": len(e.running) + len(e.waiting)}),
                 media_type="application/json",
             )
+
+        if worker.moe is not None:
+            moe = worker.moe
+
+            @app.get("/moe/stats")
+            async def moe_stats() -> Response:
+                return Response(orjson.dumps(moe.report()), media_type="application/json")
+
+            @app.put("/admin/placement")
+            async def placement(body: dict[str, list[tuple[int, int]]]) -> Response:
+                seconds = await moe.apply(body.get("hosted", []))
+                return Response(
+                    orjson.dumps({"applied": True, "transfer_s": seconds}),
+                    media_type="application/json",
+                )
 
         if worker.config.enable_faults:
 
