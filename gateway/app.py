@@ -31,6 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.openapi import CHAT_BODY, COMPLETION_BODY
 from gateway.oracle_api import oracle_router
+from gateway.prism_scheduler import PrismScheduler
 from gateway.proxy import Proxy
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
@@ -78,6 +79,7 @@ class Gateway:
         self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
         self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
         self.monitor = Monitor(self)
+        self.prism = PrismScheduler(self, settings.prism_replan_seconds)
         self.proxy = Proxy(self)
         self.started = False
 
@@ -104,10 +106,12 @@ class Gateway:
             log.warning("shared store unreachable at start; using the local config for now")
         await self.monitor.scrape_all()
         self.monitor.start()
+        self.prism.start()
         self.started = True
         log.info("gateway replica %s ready with %d backends", self.replica_id, len(self.pool))
 
     async def stop(self) -> None:
+        await self.prism.stop()
         await self.monitor.stop()
         if self._client is not None:
             await self._client.close()
@@ -306,6 +310,30 @@ def _admin_router(gw: Gateway) -> APIRouter:
             raise GatewayError(404, f"no routing override for {model!r}", param="model")
         await gw.write_config(CONFIG_ROUTING, model, None)
         return Response(status_code=204)
+
+    @r.get("/prism")
+    async def prism_state() -> Response:
+        return _json(gw.prism.describe())
+
+    @r.post("/prism/plan")
+    async def prism_plan() -> Response:
+        """Plan now and adopt the plan whatever eq. 4 says (an operator's decision)."""
+        await gw.prism.collect()
+        try:
+            candidate = await gw.prism.replan(force=True)
+        except ValueError as exc:
+            raise GatewayError(409, str(exc)) from exc
+        return _json(candidate)
+
+    @r.post("/prism/freeze")
+    async def prism_freeze() -> Response:
+        gw.prism.frozen = True
+        return _json(gw.prism.describe())
+
+    @r.post("/prism/unfreeze")
+    async def prism_unfreeze() -> Response:
+        gw.prism.frozen = False
+        return _json(gw.prism.describe())
 
     @r.get("/status")
     async def status() -> Response:

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
@@ -89,6 +90,8 @@ class BackendPool:
         self.known_models: frozenset[str] = frozenset()
         self.pd_models: frozenset[str] = frozenset()
         self.track_requests = False  # views carry in-flight requests (for QoS-DRL)
+        self._hosted: dict[str, frozenset[tuple[int, int]]] = {}
+        self._expert_stats: Mapping[str, Any] = MappingProxyType({})
 
     # -- membership -----------------------------------------------------------
 
@@ -150,6 +153,7 @@ class BackendPool:
             iter_per_seq=b.config.profile.iter_per_seq,
             kv_bytes_per_token=b.config.profile.kv_bytes_per_token,
             requests=self._requests_of(b),
+            hosted_experts=self._hosted.get(b.id, frozenset()),
         )
 
     def _requests_of(self, b: Backend) -> tuple[InflightRequest, ...]:
@@ -171,6 +175,7 @@ class BackendPool:
             oracle=self._oracle,
             self_contention=self._contention,
             block_tokens=self._block_tokens,
+            expert_stats=self._expert_stats,
         )
         self.known_models = frozenset().union(*(v.models for v in views))
         # Models with both a prefill and a decode pool are served disaggregated.
@@ -183,6 +188,14 @@ class BackendPool:
         if 0 <= i < len(self._views) and self._views[i].id == b.id:
             self._views[i] = replace(self._views[i], **changes)  # type: ignore[arg-type]
             self.view = replace(self.view, backends=tuple(self._views))
+
+    def set_experts(
+        self, hosted: Mapping[str, frozenset[tuple[int, int]]], stats: Mapping[str, Any]
+    ) -> None:
+        """Prism's expert map and per-class activation statistics, for the views."""
+        self._hosted = dict(hosted)
+        self._expert_stats = MappingProxyType(dict(stats))
+        self.rebuild()
 
     def set_network(
         self,

@@ -29,6 +29,16 @@ class CostProfile(BaseModel):
     max_batch: int = Field(default=256, ge=1)
 
 
+class MoEBackend(BaseModel):
+    """A MoE backend's hardware, for Prism's placement (memory per GPU, I/O speed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_gb: list[float] = Field(min_length=1)
+    io_gbps: list[float] = Field(default_factory=lambda: [2.0])
+    expert_gb: float = Field(default=0.35, gt=0)
+
+
 class BackendConfig(BaseModel):
     """A backend named in the config file or added over the admin API."""
 
@@ -41,6 +51,7 @@ class BackendConfig(BaseModel):
     api_key: SecretStr | None = None
     draining: bool = False
     profile: CostProfile = Field(default_factory=CostProfile)
+    moe: MoEBackend | None = None  # Prism places this backend's experts
 
     @field_validator("url")
     @classmethod
@@ -127,6 +138,7 @@ class Settings(BaseSettings):
     backends: list[BackendConfig] = Field(default_factory=list)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     oracle: Topology | None = None  # the NetKV oracle's initial topology
+    prism_replan_seconds: float = Field(default=300.0, gt=0)  # Prism's re-planning period
     redis_url: str | None = None  # None: start an embedded Valkey server
     admin_token: SecretStr | None = None  # None: the admin API answers 401 to everyone
     api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client keys needed

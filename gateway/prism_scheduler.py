@@ -1,0 +1,190 @@
+"""The gateway as Prism's global scheduler.
+
+Every `stats_interval` it reads each MoE backend's activation statistics
+(`GET /moe/stats`: per request class, per layer and expert); every `replan_seconds`
+(default 5 minutes) it plans a placement with Prism over those statistics and adopts
+it only when eq. 4 says so, pushing each changed backend its experts
+(`PUT /admin/placement`, applied there with an emulated transfer time). Operators can
+read the current map, the last candidate with its expected cost, and the history,
+and can force a plan or freeze the map. The expert map and the per-class statistics
+feed the `prism` routing policy.
+
+The map and the history live in the shared store (every replica routes on the same
+map); each replica reads the statistics from the workers, which hold the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import numpy as np
+import orjson
+
+from policies.prism import Placement, Server, migration_seconds, prism, remote_cost, should_adopt
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("edgeroute.prism")
+
+
+class PrismScheduler:
+    def __init__(
+        self, gateway: Gateway, replan_seconds: float = 300.0, stats_interval: float = 5.0
+    ) -> None:
+        self.gw = gateway
+        self.replan_seconds = replan_seconds
+        self.stats_interval = stats_interval
+        self.frozen = False
+        self.reports: dict[str, dict[str, Any]] = {}  # backend id -> its last /moe/stats
+        self.map: dict[str, list[tuple[int, int]]] = {}  # backend id -> hosted experts
+        self.candidate: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def backends(self) -> list[Any]:
+        return [b for b in self.gw.pool if b.config.moe is not None]
+
+    def start(self) -> None:
+        if self.backends():
+            self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        last_plan = time.monotonic()
+        while True:
+            try:
+                await self.collect()
+                if time.monotonic() - last_plan >= self.replan_seconds:
+                    last_plan = time.monotonic()
+                    if not self.frozen:
+                        await self.replan(force=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("prism scheduler step failed")
+            await asyncio.sleep(self.stats_interval)
+
+    async def collect(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        for b in self.backends():
+            try:
+                async with self.gw.client.get(b.config.url + "/moe/stats", timeout=timeout) as r:
+                    if r.status == 200:
+                        report = await r.json(content_type=None)
+                        self.reports[b.id] = report
+                        self.map.setdefault(b.id, [tuple(x) for x in report["hosted"]])
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+        self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
+
+    def class_stats(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for report in self.reports.values():
+            for cls, counts in report.get("classes", {}).items():
+                arr = np.asarray(counts, dtype=float)
+                out[cls] = out[cls] + arr if cls in out else arr
+        return out
+
+    def _problem(self) -> tuple[list[Any], list[Server], list[np.ndarray], int, float]:
+        backends = [b for b in self.backends() if b.id in self.reports]
+        if not backends:
+            raise ValueError("no MoE backend has reported statistics yet")
+        layers = int(self.reports[backends[0].id]["layers"])
+        experts = int(self.reports[backends[0].id]["experts"])
+        size = backends[0].config.moe.expert_gb
+        servers = [
+            Server(b.id, tuple(b.config.moe.gpu_memory_gb), tuple(b.config.moe.io_gbps))
+            for b in backends
+        ]
+        freq = []
+        for b in backends:
+            total = np.zeros((layers, experts))
+            for counts in self.reports[b.id].get("classes", {}).values():
+                total += np.asarray(counts, dtype=float)
+            freq.append(total + 1e-6)
+        return backends, servers, freq, experts, size
+
+    @staticmethod
+    def _placement(
+        servers: list[Server], per_server: list[list[tuple[int, int]]], size: float
+    ) -> Placement:
+        gpus = []
+        for s, hosted in zip(servers, per_server, strict=True):
+            per_gpu = [int(m // size) for m in s.gpu_memory]
+            bins: list[set[tuple[int, int]]] = [set() for _ in per_gpu]
+            g = 0
+            for e in sorted(hosted):
+                while g < len(per_gpu) - 1 and len(bins[g]) >= per_gpu[g]:
+                    g += 1
+                bins[g].add(e)
+            gpus.append(tuple(frozenset(x) for x in bins))
+        return Placement(tuple(gpus))
+
+    async def replan(self, force: bool) -> dict[str, Any]:
+        backends, servers, freq, experts, size = self._problem()
+        new = prism(servers, experts, size, freq)
+        old = self._placement(servers, [self.map.get(b.id, []) for b in backends], size)
+        # Remote invocations seen per second, and what each costs over a local one.
+        calls = sum(f.sum() for f in freq)
+        per_call = 0.003
+        scale = per_call * self.replan_seconds / max(1.0, calls)
+        cost_old = remote_cost(old, freq) * scale
+        cost_new = remote_cost(new, freq) * scale
+        mig = migration_seconds(old, new, servers, size)
+        adopt = force or should_adopt(cost_new, mig, cost_old)
+        self.candidate = {
+            "expected_cost_s": float(cost_new),
+            "current_cost_s": float(cost_old),
+            "migration_s": float(mig),
+            "adopted": bool(adopt),
+            "forced": force,
+            "at": time.time(),
+        }
+        if adopt:
+            pushes = []
+            for n, b in enumerate(backends):
+                hosted = sorted(new.on_server(n))
+                if hosted != sorted(self.map.get(b.id, [])):
+                    pushes.append(self._push(b, hosted))
+                self.map[b.id] = hosted
+            await asyncio.gather(*pushes)
+            self.history.append(dict(self.candidate))
+            self.gw.pool.set_experts(
+                {k: frozenset(v) for k, v in self.map.items()}, self.class_stats()
+            )
+            log.info(
+                "prism adopted a new placement (expected %.2f s against %.2f s, migration %.1f s)",
+                cost_new,
+                cost_old,
+                mig,
+            )
+        return self.candidate
+
+    async def _push(self, backend: Any, hosted: list[tuple[int, int]]) -> None:
+        timeout = aiohttp.ClientTimeout(total=600.0)
+        async with self.gw.client.put(
+            backend.config.url + "/admin/placement",
+            data=orjson.dumps({"hosted": hosted}),
+            headers={"content-type": "application/json"},
+            timeout=timeout,
+        ) as r:
+            r.raise_for_status()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "frozen": self.frozen,
+            "replan_seconds": self.replan_seconds,
+            "map": {k: {"experts": len(v)} for k, v in self.map.items()},
+            "candidate": self.candidate,
+            "history": self.history,
+            "local_ratio": {k: r.get("local_ratio") for k, r in self.reports.items()},
+        }

@@ -1,0 +1,86 @@
+"""The gateway as Prism's global scheduler, with live MoE workers."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import DATA_DIR, wait_until
+
+Start = Callable[..., tuple[str, Any]]
+TOKEN = {"authorization": "Bearer test-admin-token"}
+MODEL = "moe"
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the MoE routing data"
+)
+
+
+def ask(url: str, task: str) -> str:
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=30,
+        headers={"x-edgeroute-task": task},
+        json={
+            "model": MODEL,
+            "max_tokens": 12,
+            "messages": [{"role": "user", "content": f"A {task} problem."}],
+        },
+    )
+    assert r.status_code == 200, r.text
+    return str(r.headers["x-edgeroute-backend"])
+
+
+def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    halves = {
+        "a": [(la, e) for la in range(32) for e in range(4)],
+        "b": [(la, e) for la in range(32) for e in range(4, 8)],
+    }
+    backends = []
+    for name, hosted in halves.items():
+        url, _ = start_worker(
+            profile="mixtral-8x7b-chat",
+            speedup=20.0,
+            served_model_names=["mixtral-8x7b-chat", MODEL],
+            moe={"hosted": hosted},
+        )
+        # 160 expert slots each: all 256 experts once, and the hottest on both.
+        backends.append(
+            {
+                "url": url,
+                "id": name,
+                "moe": {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [50.0]},
+            }
+        )
+    url, gw = start_gateway(
+        backends, routing={"default": {"policy": "prism"}}, prism_replan_seconds=3600
+    )
+    # Each class runs on one worker for a while (the other drained), as after a shift.
+    for busy, idle, task in (("a", "b", "gsm8k"), ("b", "a", "humaneval")):
+        httpx.post(url + f"/admin/backends/{idle}/drain", headers=TOKEN)
+        wait_until(lambda i=idle: gw.pool.get(i).draining)
+        assert {ask(url, task) for _ in range(6)} == {busy}
+        httpx.post(url + f"/admin/backends/{idle}/undrain", headers=TOKEN)
+        wait_until(lambda i=idle: not gw.pool.get(i).draining)
+
+    r = httpx.post(url + "/admin/prism/plan", headers=TOKEN, timeout=120)
+    assert r.status_code == 200 and r.json()["adopted"]
+    state = httpx.get(url + "/admin/prism", headers=TOKEN).json()
+    assert len(state["history"]) == 1 and state["map"]["a"]["experts"] == 160
+    for b in backends:  # the workers applied their new experts
+        stats = httpx.get(b["url"] + "/moe/stats").json()
+        assert stats["migrations"] == 1 and len(stats["hosted"]) == 160
+
+    # Routing by the map: each class goes to the worker that now holds its experts.
+    picks = {task: Counter(ask(url, task) for _ in range(6)) for task in ("gsm8k", "humaneval")}
+    assert picks["gsm8k"].most_common(1)[0][0] == "a", picks
+    assert picks["humaneval"].most_common(1)[0][0] == "b", picks
+
+    assert httpx.post(url + "/admin/prism/freeze", headers=TOKEN).json()["frozen"]
+    assert httpx.get(url + "/admin/prism").status_code == 401
