@@ -9,8 +9,11 @@ read the current map, the last candidate with its expected cost, and the history
 and can force a plan or freeze the map. The expert map and the per-class statistics
 feed the `prism` routing policy.
 
-The map and the history live in the shared store (every replica routes on the same
-map); each replica reads the statistics from the workers, which hold the counts.
+Each replica reads the statistics from the workers (which hold the counts), so all
+see the same numbers. The map and the history are kept in this replica's memory: a
+plan adopted here reaches the workers, but another replica learns of it only from the
+workers' `hosted` lists at its next collection. Keeping them in the shared store is
+still to do.
 """
 
 from __future__ import annotations
