@@ -84,7 +84,9 @@ class PrismScheduler:
                     if r.status == 200:
                         report = await r.json(content_type=None)
                         self.reports[b.id] = report
-                        self.map.setdefault(b.id, [tuple(x) for x in report["hosted"]])
+                        # The worker's own list is the truth (a plan may come from
+                        # another replica).
+                        self.map[b.id] = [tuple(x) for x in report["hosted"]]
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
         self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
