@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     pz = which.add_parser("prism", help="Prism against the MoE placement baselines")
     common(pz)
     pz.set_defaults(func=lambda a: _prism(a))
+    od = which.add_parser("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
+    common(od)
+    od.set_defaults(func=lambda a: _odmoe(a))
     q = which.add_parser("qos", help="the QoS router against BR, RR and SQF, with sweeps")
     common(q)
     q.add_argument(
@@ -87,5 +90,11 @@ def _qos(a: argparse.Namespace) -> None:
 
 def _prism(a: argparse.Namespace) -> None:
     from bench.prism import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _odmoe(a: argparse.Namespace) -> None:
+    from bench.odmoe import main
 
     main(a.quick, a.seed, a.json)

@@ -139,8 +139,14 @@ class Decoder:
         self.values = [list(v) for v in copy.deepcopy(other.values)]
 
 
+@dataclass(frozen=True)
+class ShadowResult:
+    recall: list[float]  # eq. 2 per output token index
+    layer_hit: float  # share of (token, layer) steps whose experts were all predicted
+
+
 @torch.no_grad()
-def recall_curve(
+def measure(
     cfg: TinyMoE,
     scheme: str,
     token_period: int | None,
@@ -148,8 +154,8 @@ def recall_curve(
     prompts: int = 4,
     tokens: int = 64,
     seed: int = 0,
-) -> list[float]:
-    """Recall per output token index (eq. 2), averaged over `prompts` sequences.
+) -> ShadowResult:
+    """Run `prompts` sequences with the full model and its shadow side by side.
 
     A period of None means never aligned; 1 means aligned at every token.
     """
@@ -157,6 +163,7 @@ def recall_curve(
     shadow_w = quantise(weights, scheme)
     g = torch.Generator().manual_seed(seed + 1)
     hits = [0.0] * tokens
+    layer_hits = 0
     for _ in range(prompts):
         prompt = torch.randint(0, cfg.vocab, (8,), generator=g).tolist()
         full, shadow = Decoder(cfg, weights), Decoder(cfg, shadow_w)
@@ -171,8 +178,24 @@ def recall_curve(
                 shadow.align_kv(full)
             next_full, actual = full.step(tok_full)
             next_shadow, predicted = shadow.step(tok_shadow)
-            hits[n] += sum(len(a & p) for a, p in zip(actual, predicted, strict=True)) / (
-                cfg.top_k * cfg.layers
-            )
+            pairs = list(zip(actual, predicted, strict=True))
+            hits[n] += sum(len(a & p) for a, p in pairs) / (cfg.top_k * cfg.layers)
+            layer_hits += sum(a == p for a, p in pairs)
             tok_full, tok_shadow = next_full, next_shadow
-    return [h / prompts for h in hits]
+    return ShadowResult(
+        recall=[h / prompts for h in hits],
+        layer_hit=layer_hits / (prompts * tokens * cfg.layers),
+    )
+
+
+def recall_curve(
+    cfg: TinyMoE,
+    scheme: str,
+    token_period: int | None,
+    kv_period: int | None,
+    prompts: int = 4,
+    tokens: int = 64,
+    seed: int = 0,
+) -> list[float]:
+    """Recall per output token index (eq. 2), averaged over `prompts` sequences."""
+    return measure(cfg, scheme, token_period, kv_period, prompts, tokens, seed).recall

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.shadow import TinyMoE, init_weights, quantise, recall_curve
+from sim.shadow import TinyMoE, init_weights, measure, quantise, recall_curve
 
 CFG = TinyMoE(layers=4, dim=64, ffn=128, vocab=256)
 
@@ -43,3 +43,8 @@ def test_an_fp16_shadow_aligned_every_token_recalls_nearly_everything() -> None:
     curve = recall_curve(CFG, "fp16", 1, 1, prompts=1, tokens=8)
     assert len(curve) == 8
     assert all(0.99 <= c <= 1.0 for c in curve)
+
+
+def test_layer_hits_need_every_expert_so_they_never_exceed_recall() -> None:
+    r = measure(CFG, "nf4", None, None, prompts=2, tokens=16)
+    assert 0 < r.layer_hit <= sum(r.recall) / len(r.recall) < 1
