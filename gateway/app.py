@@ -47,10 +47,12 @@ log = logging.getLogger("edgeroute.gateway")
 
 
 def backend_json(cfg: BackendConfig) -> str:
-    """A backend's config as the shared store keeps it, secret included."""
+    """A backend's config as the shared store keeps it, secrets included."""
     data = cfg.model_dump(mode="json", exclude_none=True)
     if cfg.api_key is not None:
         data["api_key"] = cfg.api_key.get_secret_value()
+    if cfg.moe is not None and cfg.moe.admin_token is not None:
+        data["moe"]["admin_token"] = cfg.moe.admin_token.get_secret_value()
     return orjson.dumps(data).decode()
 
 

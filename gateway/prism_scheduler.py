@@ -176,10 +176,13 @@ class PrismScheduler:
 
     async def _push(self, backend: Any, hosted: list[tuple[int, int]]) -> None:
         timeout = aiohttp.ClientTimeout(total=600.0)
+        headers = {"content-type": "application/json"}
+        if (token := backend.config.moe.admin_token) is not None:
+            headers["authorization"] = f"Bearer {token.get_secret_value()}"
         async with self.gw.client.put(
             backend.config.url + "/admin/placement",
             data=orjson.dumps({"hosted": hosted}),
-            headers={"content-type": "application/json"},
+            headers=headers,
             timeout=timeout,
         ) as r:
             r.raise_for_status()

@@ -37,6 +37,7 @@ class MoEBackend(BaseModel):
     gpu_memory_gb: list[float] = Field(min_length=1)
     io_gbps: list[float] = Field(default_factory=lambda: [2.0])
     expert_gb: float = Field(default=0.35, gt=0)
+    admin_token: SecretStr | None = None  # the worker's, for pushing placements
 
 
 class BackendConfig(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import logging
 import time
 import uuid
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gateway.relay import ClientGone, cancel_on_disconnect
 from oracle.topology import Topology
@@ -68,6 +69,9 @@ class WorkerConfig(BaseModel):
     default_task: str = "mbpp"
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
     moe: MoEConfig | None = None  # MoE worker mode: the experts it hosts
+    # Required as a bearer token by /admin/* when set (the gateway's Prism scheduler
+    # sends it from the backend's `moe.admin_token`).
+    admin_token: SecretStr | None = None
     enable_faults: bool = False
     fault: Fault = Field(default_factory=Fault)
 
@@ -86,9 +90,20 @@ class WorkerConfig(BaseModel):
 
 
 def _error(status: int, message: str, param: str | None = None) -> Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(
+        status, "InternalServerError"
+    )
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _admin_denied(request: Request, token: SecretStr | None) -> Response | None:
+    if token is None:
+        return None
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
+    if hmac.compare_digest(given, token.get_secret_value().encode()):
+        return None
+    return _error(401, "a valid admin token is required (Authorization: Bearer ...)")
 
 
 class _Invalid(Exception):
@@ -566,7 +581,11 @@ class Worker:
                 return Response(orjson.dumps(moe.report()), media_type="application/json")
 
             @app.put("/admin/placement")
-            async def placement(body: dict[str, list[tuple[int, int]]]) -> Response:
+            async def placement(
+                request: Request, body: dict[str, list[tuple[int, int]]]
+            ) -> Response:
+                if denied := _admin_denied(request, worker.config.admin_token):
+                    return denied
                 seconds = await moe.apply(body.get("hosted", []))
                 return Response(
                     orjson.dumps({"applied": True, "transfer_s": seconds}),
@@ -576,7 +595,9 @@ class Worker:
         if worker.config.enable_faults:
 
             @app.post("/admin/fault")
-            async def set_fault(fault: Fault) -> Response:
+            async def set_fault(request: Request, fault: Fault) -> Response:
+                if denied := _admin_denied(request, worker.config.admin_token):
+                    return denied
                 worker.config.fault = fault
                 return Response(fault.model_dump_json(), media_type="application/json")
 

@@ -49,13 +49,19 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
             speedup=20.0,
             served_model_names=["mixtral-8x7b-chat", MODEL],
             moe={"hosted": hosted},
+            admin_token="worker-secret",
         )
         # 160 expert slots each: all 256 experts once, and the hottest on both.
         backends.append(
             {
                 "url": url,
                 "id": name,
-                "moe": {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [50.0]},
+                "moe": {
+                    "gpu_memory_gb": [160 * 0.35],
+                    "expert_gb": 0.35,
+                    "io_gbps": [50.0],
+                    "admin_token": "worker-secret",
+                },
             }
         )
     url, gw = start_gateway(
@@ -84,3 +90,7 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
 
     assert httpx.post(url + "/admin/prism/freeze", headers=TOKEN).json()["frozen"]
     assert httpx.get(url + "/admin/prism").status_code == 401
+    # The workers' admin token is used, never shown.
+    for path in ("/admin/backends", "/admin/prism", "/metrics"):
+        r = httpx.get(url + path, headers=TOKEN)
+        assert r.status_code == 200 and "worker-secret" not in r.text

@@ -52,3 +52,23 @@ def test_remote_experts_cost_time_and_a_new_placement_removes_the_cost(
     # Two remote experts a token per layer, at ~5 ms each: far slower than local.
     assert fast < slow * 0.6, (slow, fast)
     assert httpx.get(url + "/moe/stats").json()["migrations"] == 1
+
+
+def test_placement_requires_the_admin_token_when_one_is_set(
+    start_worker: Callable[..., tuple[str, Any]],
+) -> None:
+    url, _ = start_worker(
+        profile="mixtral-8x7b-chat", speedup=10.0, moe={"hosted": HALF}, admin_token="s3cret"
+    )
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        r = httpx.put(url + "/admin/placement", json={"hosted": EVERYTHING}, headers=headers)
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "AuthenticationError"
+    assert httpx.get(url + "/moe/stats").json()["migrations"] == 0
+    r = httpx.put(
+        url + "/admin/placement",
+        json={"hosted": HALF},
+        headers={"authorization": "Bearer s3cret"},
+        timeout=60,
+    )
+    assert r.status_code == 200
