@@ -329,12 +329,12 @@ def _admin_router(gw: Gateway) -> APIRouter:
 
     @r.post("/prism/freeze")
     async def prism_freeze() -> Response:
-        gw.prism.frozen = True
+        await gw.prism.set_frozen(True)
         return _json(gw.prism.describe())
 
     @r.post("/prism/unfreeze")
     async def prism_unfreeze() -> Response:
-        gw.prism.frozen = False
+        await gw.prism.set_frozen(False)
         return _json(gw.prism.describe())
 
     @r.get("/status")

@@ -9,11 +9,12 @@ read the current map, the last candidate with its expected cost, and the history
 and can force a plan or freeze the map. The expert map and the per-class statistics
 feed the `prism` routing policy.
 
-Each replica reads the statistics from the workers (which hold the counts), so all
-see the same numbers. The map and the history are kept in this replica's memory: a
-plan adopted here reaches the workers, but another replica learns of it only from the
-workers' `hosted` lists at its next collection. Keeping them in the shared store is
-still to do.
+Replicas share the scheduler's state through the store: each publishes the
+statistics it read (so a replica cut off from a worker still plans with its numbers),
+and the frozen flag, the last candidate and the history live there too. One replica at
+a time holds the planner lease and re-plans on the schedule; a forced plan runs on the
+replica asked. The map itself is each worker's own `hosted` list, read at every
+collection.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ import aiohttp
 import numpy as np
 import orjson
 
+from gateway.store import PRISM, PRISM_PLANNER, StoreUnavailable
 from policies.prism import Placement, Server, migration_seconds, prism, remote_cost, should_adopt
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger("edgeroute.prism")
+HISTORY = 100  # adopted plans kept
 
 
 class PrismScheduler:
@@ -66,7 +69,8 @@ class PrismScheduler:
         while True:
             try:
                 await self.collect()
-                if time.monotonic() - last_plan >= self.replan_seconds:
+                planner = await self._is_planner()
+                if planner and time.monotonic() - last_plan >= self.replan_seconds:
                     last_plan = time.monotonic()
                     if not self.frozen:
                         await self.replan(force=False)
@@ -78,18 +82,59 @@ class PrismScheduler:
 
     async def collect(self) -> None:
         timeout = aiohttp.ClientTimeout(total=2.0)
+        fetched: set[str] = set()
         for b in self.backends():
             try:
                 async with self.gw.client.get(b.config.url + "/moe/stats", timeout=timeout) as r:
                     if r.status == 200:
                         report = await r.json(content_type=None)
                         self.reports[b.id] = report
+                        fetched.add(b.id)
                         # The worker's own list is the truth (a plan may come from
                         # another replica).
                         self.map[b.id] = [tuple(x) for x in report["hosted"]]
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
+        await self._sync_store(fetched)
         self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
+
+    async def _is_planner(self) -> bool:
+        try:
+            return await self.gw.store.lease(PRISM_PLANNER, 3 * self.stats_interval)
+        except StoreUnavailable:
+            return False  # without the store, no replica re-plans on its own
+
+    async def _publish(self, fields: dict[str, Any]) -> None:
+        try:
+            await self.gw.store.write_fields(
+                PRISM, {k: orjson.dumps(v).decode() for k, v in fields.items()}
+            )
+        except StoreUnavailable:
+            log.warning("prism state not shared: the store is unreachable")
+
+    async def _sync_store(self, fetched: set[str]) -> None:
+        """Publish the reports just read; take the rest of the state from the store."""
+        fresh = {f"stats:{k}": self.reports[k] for k in fetched}
+        await self._publish(fresh)
+        try:
+            shared = await self.gw.store.read_fields(PRISM)
+        except StoreUnavailable:
+            return
+        ids = {b.id for b in self.backends()}
+        for field, raw in shared.items():
+            value = orjson.loads(raw)
+            if field.startswith("stats:") and field[6:] in ids and field not in fresh:
+                self.reports[field[6:]] = value
+            elif field == "frozen":
+                self.frozen = bool(value)
+            elif field == "candidate":
+                self.candidate = value
+            elif field == "history":
+                self.history = value
+
+    async def set_frozen(self, frozen: bool) -> None:
+        self.frozen = frozen
+        await self._publish({"frozen": frozen})
 
     def class_stats(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -162,7 +207,7 @@ class PrismScheduler:
                     pushes.append(self._push(b, hosted))
                 self.map[b.id] = hosted
             await asyncio.gather(*pushes)
-            self.history.append(dict(self.candidate))
+            self.history = [*self.history, dict(self.candidate)][-HISTORY:]
             self.gw.pool.set_experts(
                 {k: frozenset(v) for k, v in self.map.items()}, self.class_stats()
             )
@@ -172,6 +217,7 @@ class PrismScheduler:
                 cost_old,
                 mig,
             )
+        await self._publish({"candidate": self.candidate, "history": self.history})
         return self.candidate
 
     async def _push(self, backend: Any, hosted: list[tuple[int, int]]) -> None:

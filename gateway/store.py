@@ -40,6 +40,8 @@ CONFIG_VERSION = PREFIX + "config:version"
 CONFIG_ORACLE = PREFIX + "config:oracle"
 ORACLE_FIELD = "state"
 INTENTS = PREFIX + "oracle:intents"
+PRISM = PREFIX + "prism"  # per-backend statistics, frozen flag, candidate, history
+PRISM_PLANNER = PREFIX + "prism:planner"  # lease: the one replica that re-plans
 INTENTS_MAXLEN = 10_000
 
 
@@ -260,6 +262,37 @@ class SharedStore:
 
         entries = await self._call(step)
         return [{"id": eid, **orjson.loads(fields["json"])} for eid, fields in entries]
+
+    async def write_fields(self, key: str, fields: dict[str, str]) -> None:
+        """Set fields of one hash (state, not config: no version bump)."""
+
+        async def step(r: aioredis.Redis) -> None:
+            await r.hset(key, mapping=dict(fields))  # type: ignore[arg-type]
+
+        if fields:
+            await self._call(step)
+
+    async def read_fields(self, key: str) -> dict[str, str]:
+        async def step(r: aioredis.Redis) -> dict[str, str]:
+            return {str(k): str(v) for k, v in (await r.hgetall(key)).items()}
+
+        result: dict[str, str] = await self._call(step)
+        return result
+
+    async def lease(self, key: str, seconds: float) -> bool:
+        """Take or renew a lease held by this replica; False while another holds it."""
+        ms = max(1, int(seconds * 1000))
+
+        async def step(r: aioredis.Redis) -> bool:
+            if await r.set(key, self.replica_id, nx=True, px=ms):
+                return True
+            if await r.get(key) == self.replica_id:
+                await r.pexpire(key, ms)
+                return True
+            return False
+
+        result: bool = await self._call(step)
+        return result
 
     async def put(self, key: str, field: str, payload: str | None) -> None:
         """Set (or with None, delete) one config entry and bump the version."""

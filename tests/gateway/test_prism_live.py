@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from tests.support import DATA_DIR, wait_until
+from tests.support import DATA_DIR, RedisProcess, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -94,3 +95,38 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
     for path in ("/admin/backends", "/admin/prism", "/metrics"):
         r = httpx.get(url + path, headers=TOKEN)
         assert r.status_code == 200 and "worker-secret" not in r.text
+
+
+def test_replicas_share_the_plan_the_freeze_and_one_planner(
+    start_worker: Start, start_gateway: Start, redis_server: RedisProcess
+) -> None:
+    backends = []
+    for name, experts in (("a", range(4)), ("b", range(4, 8))):
+        url, _ = start_worker(
+            profile="mixtral-8x7b-chat",
+            speedup=20.0,
+            served_model_names=["mixtral-8x7b-chat", MODEL],
+            moe={"hosted": [(la, e) for la in range(32) for e in experts]},
+        )
+        moe = {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [50.0]}
+        backends.append({"url": url, "id": name, "moe": moe})
+    common = {"redis_url": redis_server.url, "prism_replan_seconds": 3600}
+    url1, gw1 = start_gateway(backends, replica_id="r1", **common)
+    url2, gw2 = start_gateway(backends, replica_id="r2", **common)
+    for task in ("gsm8k", "humaneval"):
+        ask(url1, task)
+
+    assert httpx.post(url1 + "/admin/prism/plan", headers=TOKEN, timeout=120).json()["adopted"]
+
+    def seen_by_r2() -> bool:
+        state = httpx.get(url2 + "/admin/prism", headers=TOKEN).json()
+        return len(state["history"]) == 1 and state["map"]["a"]["experts"] == 160
+
+    wait_until(seen_by_r2, timeout=15)
+    httpx.post(url2 + "/admin/prism/freeze", headers=TOKEN)
+    wait_until(lambda: gw1.prism.frozen, timeout=15)
+    # Exactly one replica holds the planner lease.
+    holder = redis.Redis.from_url(redis_server.url, decode_responses=True).get(
+        "edgeroute:prism:planner"
+    )
+    assert holder in ("r1", "r2")
