@@ -27,6 +27,8 @@ class PipelineConfig:
     t_worker: float = 0.003  # s: expert computation on a worker, communication included
     expert_bytes: float = 352e6  # Mixtral-8x7B expert at fp16
     h2d_bandwidth: float = 12e9  # bytes/s, host-to-device
+    kv_bytes_per_token_layer: float = 8e3  # the paper's figure for Mixtral
+    link_bytes_per_s: float = 1e9 / 8  # 1 Gbps Ethernet between the nodes
 
     @property
     def groups(self) -> int:
@@ -35,6 +37,12 @@ class PipelineConfig:
     @property
     def load_seconds(self) -> float:
         return self.expert_bytes / self.h2d_bandwidth
+
+
+def alignment_seconds(cfg: PipelineConfig, layers: int, kv: bool) -> float:
+    """The shadow's late departure: the newest token's KV cache sent before it starts
+    (the token itself is a few bytes)."""
+    return layers * cfg.kv_bytes_per_token_layer / cfg.link_bytes_per_s if kv else 0.0
 
 
 def max_load_seconds(cfg: PipelineConfig) -> float:
@@ -60,9 +68,17 @@ def decode_token(
     mispredicted: Sequence[bool] = (),
     start: float = 0.0,
     group_free: Sequence[float] | None = None,
+    prediction_delay: float = 0.0,
 ) -> list[LayerTiming]:
-    """The timeline of one decoding step through `layers` layers."""
+    """The timeline of one decoding step through `layers` layers.
+
+    A positive `prediction_delay` (the shadow's late departure when aligned at this
+    token) holds every load until `start + prediction_delay`; with none, a group loads
+    as soon as it is free (`group_free`, default `start`).
+    """
     free = list(group_free) if group_free is not None else [start] * cfg.groups
+    if prediction_delay > 0:
+        free = [max(f, start + prediction_delay) for f in free]
     out: list[LayerTiming] = []
     t = start
     for layer in range(layers):
@@ -79,6 +95,11 @@ def decode_token(
     return out
 
 
-def token_seconds(cfg: PipelineConfig, layers: int, mispredicted: Sequence[bool] = ()) -> float:
-    timeline = decode_token(cfg, layers, mispredicted)
+def token_seconds(
+    cfg: PipelineConfig,
+    layers: int,
+    mispredicted: Sequence[bool] = (),
+    prediction_delay: float = 0.0,
+) -> float:
+    timeline = decode_token(cfg, layers, mispredicted, prediction_delay=prediction_delay)
     return timeline[-1].compute_end - timeline[0].main_end + cfg.t_main

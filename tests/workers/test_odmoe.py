@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workers.odmoe import PipelineConfig, decode_token, max_load_seconds, token_seconds
+from workers.odmoe import (
+    PipelineConfig,
+    alignment_seconds,
+    decode_token,
+    max_load_seconds,
+    token_seconds,
+)
 
 
 def test_eq_1_matches_the_papers_worked_example() -> None:
@@ -43,3 +49,18 @@ def test_a_misprediction_waits_for_a_full_reload_after_gating() -> None:
     assert hit[2].stall == pytest.approx(0.0)
     assert miss[2].stall == pytest.approx(cfg.load_seconds)
     assert miss[-1].compute_end - hit[-1].compute_end == pytest.approx(cfg.load_seconds)
+
+
+def test_kv_alignment_departs_the_shadow_late_and_delays_the_first_loads() -> None:
+    # The paper's figures: 8 KB per token per layer, 32 layers, 1 Gbps: 256 KB, 2.048 ms.
+    cfg = PipelineConfig(t_main=0.004, t_worker=0.003, expert_bytes=0.010 * 12e9)
+    delay = alignment_seconds(cfg, 32, kv=True)
+    assert delay == pytest.approx(256e3 * 8 / 1e9)
+    assert alignment_seconds(cfg, 32, kv=False) == 0.0
+    prompt = decode_token(cfg, 8)
+    late = decode_token(cfg, 8, prediction_delay=delay)
+    # Layer 0: main part ends at 4 ms; its expert loads from 0 (10 ms) or from 2.048 ms.
+    assert prompt[0].stall == pytest.approx(0.010 - 0.004)
+    assert late[0].stall == pytest.approx(0.010 + delay - 0.004)
+    slower = token_seconds(cfg, 8, prediction_delay=delay) - token_seconds(cfg, 8)
+    assert 0 < slower <= delay + 1e-12
