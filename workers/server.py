@@ -30,6 +30,7 @@ from workers.engine import Engine, EngineError, Sequence
 from workers.kvtransfer import SharedLink
 from workers.metrics import WorkerMetrics
 from workers.moe_host import MoEConfig, MoEHost
+from workers.odmoe_host import OdMoEConfig, OdMoEHost
 from workers.profiles import PROFILES, EngineProfile
 from workers.quality import GroundTruth, Outcome
 from workers.textgen import generate, truncate_at_stop
@@ -69,6 +70,7 @@ class WorkerConfig(BaseModel):
     default_task: str = "mbpp"
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
     moe: MoEConfig | None = None  # MoE worker mode: the experts it hosts
+    odmoe: OdMoEConfig | None = None  # OD-MoE mode: experts loaded on demand
     # Required as a bearer token by /admin/* when set (the gateway's Prism scheduler
     # sends it from the backend's `moe.admin_token`).
     admin_token: SecretStr | None = None
@@ -144,10 +146,14 @@ class Worker:
             if config.moe is not None
             else None
         )
+        if config.moe is not None and config.odmoe is not None:
+            raise ValueError("a worker runs either the moe or the odmoe mode, not both")
+        self.odmoe = OdMoEHost(config.odmoe) if config.odmoe is not None else None
+        extra = self.moe or self.odmoe
         self.engine = Engine(
             self.profile,
             speedup=config.speedup,
-            extra_cost=self.moe.iteration_cost if self.moe else None,
+            extra_cost=extra.iteration_cost if extra is not None else None,
         )
         self.metrics = WorkerMetrics(self.engine, config.names[0])
         self.engine._observer = self.metrics.observe
@@ -591,6 +597,13 @@ class Worker:
                     orjson.dumps({"applied": True, "transfer_s": seconds}),
                     media_type="application/json",
                 )
+
+        if worker.odmoe is not None:
+            odmoe = worker.odmoe
+
+            @app.get("/odmoe/stats")
+            async def odmoe_stats() -> Response:
+                return Response(orjson.dumps(odmoe.report()), media_type="application/json")
 
         if worker.config.enable_faults:
 

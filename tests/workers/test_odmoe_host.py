@@ -1,0 +1,54 @@
+"""The `odmoe` worker mode: decoding pays the on-demand pipeline's losses, and the
+worker reports its speed and each node's memory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from workers.server import Worker, WorkerConfig
+
+Start = Callable[..., tuple[str, Any]]
+
+
+def per_token(url: str) -> float:
+    t0 = time.perf_counter()
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "mixtral-8x7b-chat",
+            "max_tokens": 24,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+        },
+    )
+    assert r.status_code == 200, r.text
+    return (time.perf_counter() - t0) / r.json()["usage"]["completion_tokens"]
+
+
+def test_good_predictions_decode_near_cached_speed_and_misses_stall(start_worker: Start) -> None:
+    shadowed, _ = start_worker(profile="mixtral-8x7b-chat", speedup=50.0, odmoe={})
+    blind, _ = start_worker(
+        profile="mixtral-8x7b-chat", speedup=50.0, odmoe={"layer_miss": 1.0, "kv_period": None}
+    )
+    fast, slow = per_token(shadowed), per_token(blind)
+    assert slow > 2 * fast, (fast, slow)
+
+    good = httpx.get(shadowed + "/odmoe/stats").json()
+    bad = httpx.get(blind + "/odmoe/stats").json()
+    assert good["decode_steps"] >= 20 and bad["mispredicted_layers"] == 32 * bad["decode_steps"]
+    # Eq. 1's window (25 ms) is shorter than a load (29.3 ms): even perfect prediction
+    # stalls a little, and a miss costs a full load after the gating.
+    assert 0.6 < good["decode_tokens_per_s"] / good["cached_tokens_per_s"] < 0.9
+    assert bad["decode_tokens_per_s"] / bad["cached_tokens_per_s"] < 0.3
+    memory = good["memory_gb"]
+    assert memory["worker-0"] == pytest.approx(0.352) and len(memory) == 2 + 8
+
+
+def test_a_worker_runs_one_moe_mode() -> None:
+    with pytest.raises(ValueError, match="either"):
+        Worker(WorkerConfig(profile="mixtral-8x7b-chat", moe={}, odmoe={}))  # type: ignore[arg-type]
