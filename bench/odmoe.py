@@ -9,45 +9,63 @@ pipeline with every expert resident (no loads).
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from typing import Any
 
-from bench.results_io import RESULTS, write
+from bench.results_io import RESULTS, table, write
 from sim.shadow import ShadowResult, TinyMoE, measure
-from workers.odmoe import PipelineConfig, max_load_seconds, token_seconds
+from workers.odmoe import PipelineConfig, alignment_seconds, max_load_seconds, token_seconds
 
-MIXTRAL_LAYERS, MIXTRAL_EXPERTS = 32, 8
+MIXTRAL_LAYERS, MIXTRAL_EXPERTS, TOP_K = 32, 8, 2
+# Mixtral-8x7B: 46.7 B parameters, of which 32 x 8 experts of 176 M; the rest is dense.
+MIXTRAL_DENSE_BYTES = (46.7e9 - 32 * 8 * 176e6) * 2  # fp16, on the main node
+SHADOW_INT8_BYTES = 46.7e9  # the whole model at int8, on the shadow node
+PERIODS = (1, 2, 4, 8, 16)
+SCHEMES = ("fp16", "int8", "nf4")
 ALIGNMENTS: dict[str, tuple[int | None, int | None]] = {
     "none": (None, None),
     "token/1": (1, None),
     "kv/1": (None, 1),
-    "token+kv/1": (1, 1),
-    "token+kv/4": (1, 4),
-    "token+kv/16": (1, 16),
+    **{f"token+kv/{p}": (p, p) for p in PERIODS},
+}
+# The paper's ablation (section 4.2): the shadow's alignments, then no shadow at all.
+CASES: dict[str, str | float] = {
+    "1 token+KV every iteration": "token+kv/1",
+    "2 token alignment only": "token/1",
+    "3 KV alignment only": "kv/1",
+    "4 no alignment": "none",
+    "5 no shadow, random prefetch": 1 - 1 / math.comb(MIXTRAL_EXPERTS, TOP_K),
+    "6 no shadow, load after gating": 1.0,
 }
 
 
-def decode(cfg: PipelineConfig, layer_miss: float, tokens: int, seed: int) -> float:
-    """Mean seconds per token when each layer is mispredicted with `layer_miss`."""
+def decode(
+    cfg: PipelineConfig, layer_miss: float, kv_period: int | None, tokens: int, seed: int
+) -> float:
+    """Mean seconds per token when each layer is mispredicted with `layer_miss` and the
+    shadow departs late on every KV alignment."""
     rng = random.Random(seed)
+    late = alignment_seconds(cfg, MIXTRAL_LAYERS, kv=True)
     total = 0.0
-    for _ in range(tokens):
+    for n in range(tokens):
         misses = [rng.random() < layer_miss for _ in range(MIXTRAL_LAYERS)]
-        total += token_seconds(cfg, MIXTRAL_LAYERS, misses)
+        delay = late if kv_period and n % kv_period == 0 else 0.0
+        total += token_seconds(cfg, MIXTRAL_LAYERS, misses, prediction_delay=delay)
     return total / tokens
 
 
 def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
-    prompts, tokens = (2, 24) if quick else (4, 64)
+    prompts, tokens = (1, 12) if quick else (4, 64)
+    decode_tokens = 50 if quick else 400
     model = TinyMoE()
-    alignments = ["none", "token+kv/1"] if quick else list(ALIGNMENTS)
     runs: dict[tuple[str, str], ShadowResult] = {}
     rows: list[dict[str, Any]] = []
-    for scheme in ("fp16", "int8", "nf4"):
-        for name in alignments:
+    for scheme in SCHEMES:
+        for name, (token_p, kv_p) in ALIGNMENTS.items():
             print(f"shadow {scheme} alignment {name} ...", file=sys.stderr, flush=True)
-            r = measure(model, scheme, *ALIGNMENTS[name], prompts=prompts, tokens=tokens, seed=seed)
+            r = measure(model, scheme, token_p, kv_p, prompts=prompts, tokens=tokens, seed=seed)
             runs[scheme, name] = r
             rows.append(
                 {
@@ -62,29 +80,49 @@ def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
 
     pipe = PipelineConfig()
     cached = MIXTRAL_LAYERS * (pipe.t_main + pipe.t_worker)
-    per_worker_cached = MIXTRAL_LAYERS * MIXTRAL_EXPERTS * pipe.expert_bytes / pipe.workers
-    cases = {"fully cached": None, "perfect prediction": 0.0}
-    cases |= {
-        f"shadow {s}, token+kv/1": 1 - runs[s, "token+kv/1"].layer_hit
-        for s in ("fp16", "int8", "nf4")
-    }
-    cases["no prediction"] = 1.0
-    for label, miss in cases.items():
-        t = cached if miss is None else decode(pipe, miss, 50 if quick else 400, seed)
+
+    def speed(scheme: str, what: str | float) -> dict[str, float]:
+        if isinstance(what, str):
+            miss, kv_period = 1 - runs[scheme, what].layer_hit, ALIGNMENTS[what][1]
+        else:
+            miss, kv_period = what, None
+        t = decode(pipe, miss, kv_period, decode_tokens, seed)
+        return {f"{scheme} miss": miss, f"{scheme} tokens/s": 1 / t}
+
+    for case, what in CASES.items():
+        rows.append({"table": "ablation", "case": case} | speed("int8", what) | speed("nf4", what))
+    for p in PERIODS:
+        what = f"token+kv/{p}"
+        rows.append({"table": "periods", "period": p} | speed("int8", what) | speed("nf4", what))
+
+    expert_total = MIXTRAL_LAYERS * MIXTRAL_EXPERTS * pipe.expert_bytes
+    ondemand = pipe.workers * pipe.expert_bytes  # one expert resident per worker
+    best = speed("int8", "token+kv/1")["int8 tokens/s"]
+    for label, tps, workers_bytes, others in (
+        ("fully cached", 1 / cached, expert_total, MIXTRAL_DENSE_BYTES),
+        (
+            "OD-MoE (int8 shadow, token+kv/1)",
+            best,
+            ondemand,
+            MIXTRAL_DENSE_BYTES + SHADOW_INT8_BYTES,
+        ),
+    ):
         rows.append(
             {
-                "table": "decode",
-                "case": label,
-                "layer miss": 0.0 if miss is None else miss,
-                "tokens/s": 1 / t,
-                "speed vs cached": cached / t,
-                "expert GB per worker": (per_worker_cached if miss is None else pipe.expert_bytes)
-                / 1e9,
+                "table": "deployment",
+                "deployment": label,
+                "tokens/s": tps,
+                "speed vs cached": tps * cached,
+                "worker GB": workers_bytes / 1e9,
+                "main+shadow GB": others / 1e9,
+                "total GB": (workers_bytes + others) / 1e9,
             }
         )
 
-    recall_rows = [r for r in rows if r["table"] == "recall"]
-    decode_rows = [r for r in rows if r["table"] == "decode"]
+    def part(name: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r["table"] == name]
+
+    notes = _notes(part("ablation"), part("periods"), part("deployment"), pipe)
     write(
         "odmoe",
         {
@@ -92,42 +130,65 @@ def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
             "shadow_model": vars(model),
             "prompts": prompts,
             "tokens": tokens,
+            "decode_tokens": decode_tokens,
             "seed": seed,
             "pipeline": vars(pipe),
             "eq1_window_s": max_load_seconds(pipe),
             "expert_load_s": pipe.load_seconds,
+            "kv_alignment_s": alignment_seconds(pipe, MIXTRAL_LAYERS, kv=True),
         },
-        recall_rows,
+        rows,
         ["shadow", "alignment", "recall", "last token recall", "layer hit"],
         json_path,
-        notes=_notes(decode_rows, pipe),
+        notes=notes,
         quick=quick,
+        table_rows=part("recall"),
     )
-    print("\n" + _notes(decode_rows, pipe))
+    print("\n" + notes)
     if not quick:
-        _plot(runs, alignments)
+        _plot(runs)
     return rows
 
 
-def _notes(decode_rows: list[dict[str, Any]], pipe: PipelineConfig) -> str:
-    from bench.results_io import table
-
+def _notes(
+    ablation: list[dict[str, Any]],
+    periods: list[dict[str, Any]],
+    deployment: list[dict[str, Any]],
+    pipe: PipelineConfig,
+) -> str:
+    speeds = ["int8 miss", "int8 tokens/s", "nf4 miss", "nf4 tokens/s"]
     return (
         "Recall: a small random MoE (8 layers, 8 experts, top-2) and its quantised shadow,"
         " not Mixtral; levels are not comparable to the paper's 99.94/97.34/95.67%"
         " (fp16/int8/nf4), only the direction of each change.\n\n"
-        f"Decode (Mixtral-8x7B shape, {pipe.workers} workers in groups of {pipe.group_size},"
-        f" t_M={pipe.t_main * 1e3:.1f} ms, t_W={pipe.t_worker * 1e3:.1f} ms, one expert load"
-        f" {pipe.load_seconds * 1e3:.1f} ms, eq. 1 window {max_load_seconds(pipe) * 1e3:.1f} ms;"
-        " expert memory only, the main node's dense weights and shadow are not counted):\n\n"
+        f"Decode speed: the eq. 1 pipeline with Mixtral-8x7B's shape ({pipe.workers} workers"
+        f" in groups of {pipe.group_size}, t_M={pipe.t_main * 1e3:.1f} ms,"
+        f" t_W={pipe.t_worker * 1e3:.1f} ms, one expert load {pipe.load_seconds * 1e3:.1f} ms,"
+        f" eq. 1 window {max_load_seconds(pipe) * 1e3:.1f} ms, KV alignment"
+        f" {alignment_seconds(pipe, MIXTRAL_LAYERS, kv=True) * 1e3:.2f} ms of late departure),"
+        " each layer mispredicted at the miss rate measured above (a layer misses when any"
+        " of its experts does).\n\n"
+        "Ablation (the paper's cases 1-6, Fig. 8):\n\n"
+        + table(ablation, ["case", *speeds])
+        + "\n\nAlignment period for both token and KV (Fig. 9-10):\n\n"
+        + table(periods, ["period", *speeds])
+        + "\n\nAgainst a fully cached deployment (memory: experts on the workers, dense"
+        " weights fp16 on the main node, the int8 shadow on its own node):\n\n"
         + table(
-            decode_rows,
-            ["case", "layer miss", "tokens/s", "speed vs cached", "expert GB per worker"],
+            deployment,
+            [
+                "deployment",
+                "tokens/s",
+                "speed vs cached",
+                "worker GB",
+                "main+shadow GB",
+                "total GB",
+            ],
         )
     )
 
 
-def _plot(runs: dict[tuple[str, str], ShadowResult], alignments: list[str]) -> None:
+def _plot(runs: dict[tuple[str, str], ShadowResult]) -> None:
     try:
         import matplotlib
 
@@ -136,8 +197,8 @@ def _plot(runs: dict[tuple[str, str], ShadowResult], alignments: list[str]) -> N
     except ImportError:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5), sharey=True)
-    for ax, scheme in zip(axes, ("fp16", "int8", "nf4"), strict=True):
-        for name in alignments:
+    for ax, scheme in zip(axes, SCHEMES, strict=True):
+        for name in ALIGNMENTS:
             curve = runs[scheme, name].recall
             ax.plot(range(1, len(curve) + 1), curve, label=name)
         ax.set(title=f"{scheme} shadow", xlabel="output token index")

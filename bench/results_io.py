@@ -41,9 +41,11 @@ def write(
     json_path: str | None,
     notes: str = "",
     quick: bool = False,
+    table_rows: list[dict[str, Any]] | None = None,
 ) -> None:
+    """`table_rows`: the rows of the Markdown table when not all of `rows`."""
     payload = {"benchmark": name, "config": {**config, "machine": machine()}, "results": rows}
-    md = table(rows, columns)
+    md = table(rows if table_rows is None else table_rows, columns)
     print(md)
     if json_path:
         Path(json_path).write_text(json.dumps(payload, indent=1) + "\n")
