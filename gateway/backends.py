@@ -149,7 +149,7 @@ class BackendPool:
             id_hash=stable_hash(b.id),
             kv_capacity_tokens=b.stats.kv_capacity_tokens,
             max_batch=b.config.profile.max_batch,
-            iter_base=b.config.profile.iter_base,
+            iter_base=b.config.iter_base,
             iter_per_seq=b.config.profile.iter_per_seq,
             kv_bytes_per_token=b.config.profile.kv_bytes_per_token,
             requests=self._requests_of(b),

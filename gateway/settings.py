@@ -6,6 +6,7 @@ Nested fields use `__` in the environment, e.g. `EDGEROUTE_ROUTING__DEFAULT__POL
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from oracle.topology import Topology
 from policies import PipelineSpec
 from policies.types import Role
+from workers.odmoe_host import OdMoEConfig
 
 
 class CostProfile(BaseModel):
@@ -53,6 +55,14 @@ class BackendConfig(BaseModel):
     draining: bool = False
     profile: CostProfile = Field(default_factory=CostProfile)
     moe: MoEBackend | None = None  # Prism places this backend's experts
+    odmoe: OdMoEConfig | None = None  # an OD-MoE backend: its pipeline, for eq. 1
+
+    @cached_property
+    def iter_base(self) -> float:
+        """Seconds per decode iteration; an OD-MoE backend's come from its pipeline."""
+        if self.odmoe is not None:
+            return self.odmoe.expected_token_seconds()
+        return self.profile.iter_base
 
     @field_validator("url")
     @classmethod

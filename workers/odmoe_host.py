@@ -44,6 +44,21 @@ class OdMoEConfig(BaseModel):
             h2d_bandwidth=self.h2d_gbps * 1e9,
         )
 
+    def expected_token_seconds(self) -> float:
+        """One decode step through eq. 1's pipeline, in expectation: the late departure
+        every `kv_period` steps, and a full load for each mispredicted layer (exact when
+        a miss does not overlap another stall). The gateway's latency model for an
+        OD-MoE backend."""
+        pipe = self.pipeline()
+        plain = token_seconds(pipe, self.layers)
+        if self.kv_period is None:
+            base = plain
+        else:
+            late = alignment_seconds(pipe, self.layers, kv=True)
+            aligned = token_seconds(pipe, self.layers, prediction_delay=late)
+            base = (aligned + (self.kv_period - 1) * plain) / self.kv_period
+        return base + self.layer_miss * self.layers * pipe.load_seconds
+
 
 class OdMoEHost:
     def __init__(self, config: OdMoEConfig) -> None:

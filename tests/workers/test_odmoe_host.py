@@ -3,6 +3,7 @@ worker reports its speed and each node's memory."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,3 +53,35 @@ def test_good_predictions_decode_near_cached_speed_and_misses_stall(start_worker
 def test_a_worker_runs_one_moe_mode() -> None:
     with pytest.raises(ValueError, match="either"):
         Worker(WorkerConfig(profile="mixtral-8x7b-chat", moe={}, odmoe={}))  # type: ignore[arg-type]
+
+
+def test_the_expected_token_time_matches_the_sampled_pipeline() -> None:
+    from workers.odmoe import alignment_seconds, token_seconds
+    from workers.odmoe_host import OdMoEConfig
+
+    cfg = OdMoEConfig()
+    pipe, rng = cfg.pipeline(), random.Random(3)
+    late = alignment_seconds(pipe, cfg.layers, kv=True)
+    sampled = [
+        token_seconds(pipe, 32, [rng.random() < cfg.layer_miss for _ in range(32)], late)
+        for _ in range(2000)
+    ]
+    assert cfg.expected_token_seconds() == pytest.approx(sum(sampled) / len(sampled), rel=0.02)
+
+
+def test_the_gateway_models_an_odmoe_backend_by_its_pipeline() -> None:
+    from gateway.backends import BackendPool
+    from gateway.settings import BackendConfig, CircuitConfig
+    from workers.odmoe_host import OdMoEConfig
+
+    pool = BackendPool(CircuitConfig(), stale_after=5.0, prefix_entries=16)
+    pool.set_configs(
+        [
+            BackendConfig(url="http://127.0.0.1:9001", id="od", odmoe=OdMoEConfig()),
+            BackendConfig(url="http://127.0.0.1:9002", id="plain"),
+        ]
+    )
+    pool.rebuild()
+    views = {v.id: v for v in pool.view.backends}
+    assert views["od"].iter_base == pytest.approx(OdMoEConfig().expected_token_seconds())
+    assert views["plain"].iter_base == 0.02
