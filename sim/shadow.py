@@ -186,16 +186,3 @@ def measure(
         recall=[h / prompts for h in hits],
         layer_hit=layer_hits / (prompts * tokens * cfg.layers),
     )
-
-
-def recall_curve(
-    cfg: TinyMoE,
-    scheme: str,
-    token_period: int | None,
-    kv_period: int | None,
-    prompts: int = 4,
-    tokens: int = 64,
-    seed: int = 0,
-) -> list[float]:
-    """Recall per output token index (eq. 2), averaged over `prompts` sequences."""
-    return measure(cfg, scheme, token_period, kv_period, prompts, tokens, seed).recall

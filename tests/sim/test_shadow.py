@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.shadow import TinyMoE, init_weights, measure, quantise, recall_curve
+from sim.shadow import TinyMoE, init_weights, measure, quantise
 
 CFG = TinyMoE(layers=4, dim=64, ffn=128, vocab=256)
 
@@ -31,7 +31,7 @@ def test_unknown_scheme_is_refused() -> None:
 
 def test_recall_falls_with_precision_and_kv_alignment_recovers_it() -> None:
     def r(scheme: str, kv: int | None) -> float:
-        return mean(recall_curve(CFG, scheme, None, kv, prompts=2, tokens=24))
+        return mean(measure(CFG, scheme, None, kv, prompts=2, tokens=24).recall)
 
     fp16, int8, nf4 = r("fp16", None), r("int8", None), r("nf4", None)
     assert fp16 >= int8 > nf4
@@ -40,7 +40,7 @@ def test_recall_falls_with_precision_and_kv_alignment_recovers_it() -> None:
 
 
 def test_an_fp16_shadow_aligned_every_token_recalls_nearly_everything() -> None:
-    curve = recall_curve(CFG, "fp16", 1, 1, prompts=1, tokens=8)
+    curve = measure(CFG, "fp16", 1, 1, prompts=1, tokens=8).recall
     assert len(curve) == 8
     assert all(0.99 <= c <= 1.0 for c in curve)
 
