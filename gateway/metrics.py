@@ -171,6 +171,12 @@ class GatewayMetrics:
         self.replicas = Gauge(
             "edgeroute_replicas", "Gateway replicas seen in the shared store.", registry=r
         )
+        self.expert_local = Gauge(
+            "edgeroute_expert_local_ratio",
+            "Share of a MoE backend's expert activations computed locally (Prism).",
+            ["backend"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -96,6 +96,9 @@ class PrismScheduler:
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
         await self._sync_store(fetched)
+        for backend_id, report in self.reports.items():
+            if isinstance(report.get("local_ratio"), float | int):
+                self.gw.metrics.expert_local.labels(backend_id).set(report["local_ratio"])
         self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
 
     async def _is_planner(self) -> bool:
