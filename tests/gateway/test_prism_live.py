@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +81,12 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
     assert r.status_code == 200 and r.json()["adopted"]
     state = httpx.get(url + "/admin/prism", headers=TOKEN).json()
     assert len(state["history"]) == 1 and state["map"]["a"]["experts"] == 160
+    local = re.findall(
+        r'^edgeroute_expert_local_ratio\{backend="(\w)"\} (\S+)$',
+        httpx.get(url + "/metrics").text,
+        re.MULTILINE,
+    )
+    assert {b for b, _ in local} == {"a", "b"} and all(0 < float(v) <= 1 for _, v in local)
     for b in backends:  # the workers applied their new experts
         stats = httpx.get(b["url"] + "/moe/stats").json()
         assert stats["migrations"] == 1 and len(stats["hosted"]) == 160
