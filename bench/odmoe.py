@@ -10,18 +10,15 @@ pipeline with every expert resident (no loads).
 from __future__ import annotations
 
 import math
-import random
 import sys
 from typing import Any
 
 from bench.results_io import RESULTS, table, write
 from sim.shadow import ShadowResult, TinyMoE, measure
-from workers.odmoe import PipelineConfig, alignment_seconds, max_load_seconds, token_seconds
+from workers.odmoe import PipelineConfig, alignment_seconds, max_load_seconds
+from workers.odmoe_host import OdMoEConfig, OdMoEHost
 
 MIXTRAL_LAYERS, MIXTRAL_EXPERTS, TOP_K = 32, 8, 2
-# Mixtral-8x7B: 46.7 B parameters, of which 32 x 8 experts of 176 M; the rest is dense.
-MIXTRAL_DENSE_BYTES = (46.7e9 - 32 * 8 * 176e6) * 2  # fp16, on the main node
-SHADOW_INT8_BYTES = 46.7e9  # the whole model at int8, on the shadow node
 PERIODS = (1, 2, 4, 8, 16)
 SCHEMES = ("fp16", "int8", "nf4")
 ALIGNMENTS: dict[str, tuple[int | None, int | None]] = {
@@ -41,19 +38,11 @@ CASES: dict[str, str | float] = {
 }
 
 
-def decode(
-    cfg: PipelineConfig, layer_miss: float, kv_period: int | None, tokens: int, seed: int
-) -> float:
-    """Mean seconds per token when each layer is mispredicted with `layer_miss` and the
-    shadow departs late on every KV alignment."""
-    rng = random.Random(seed)
-    late = alignment_seconds(cfg, MIXTRAL_LAYERS, kv=True)
-    total = 0.0
-    for n in range(tokens):
-        misses = [rng.random() < layer_miss for _ in range(MIXTRAL_LAYERS)]
-        delay = late if kv_period and n % kv_period == 0 else 0.0
-        total += token_seconds(cfg, MIXTRAL_LAYERS, misses, prediction_delay=delay)
-    return total / tokens
+def decode(layer_miss: float, kv_period: int | None, tokens: int, seed: int) -> float:
+    """Mean seconds per token of the `odmoe` worker's pipeline (Mixtral's shape) when
+    each layer is mispredicted with `layer_miss`."""
+    host = OdMoEHost(OdMoEConfig(layer_miss=layer_miss, kv_period=kv_period, seed=seed))
+    return sum(host.sample_token_seconds() for _ in range(tokens)) / tokens
 
 
 def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
@@ -78,15 +67,16 @@ def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
                 }
             )
 
-    pipe = PipelineConfig()
-    cached = MIXTRAL_LAYERS * (pipe.t_main + pipe.t_worker)
+    deployment = OdMoEConfig(layers=MIXTRAL_LAYERS)
+    pipe = deployment.pipeline()
+    cached = OdMoEHost(deployment).cached
 
     def speed(scheme: str, what: str | float) -> dict[str, float]:
         if isinstance(what, str):
             miss, kv_period = 1 - runs[scheme, what].layer_hit, ALIGNMENTS[what][1]
         else:
             miss, kv_period = what, None
-        t = decode(pipe, miss, kv_period, decode_tokens, seed)
+        t = decode(miss, kv_period, decode_tokens, seed)
         return {f"{scheme} miss": miss, f"{scheme} tokens/s": 1 / t}
 
     for case, what in CASES.items():
@@ -99,12 +89,12 @@ def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
     ondemand = pipe.workers * pipe.expert_bytes  # one expert resident per worker
     best = speed("int8", "token+kv/1")["int8 tokens/s"]
     for label, tps, workers_bytes, others in (
-        ("fully cached", 1 / cached, expert_total, MIXTRAL_DENSE_BYTES),
+        ("fully cached", 1 / cached, expert_total, deployment.dense_gb * 1e9),
         (
             "OD-MoE (int8 shadow, token+kv/1)",
             best,
             ondemand,
-            MIXTRAL_DENSE_BYTES + SHADOW_INT8_BYTES,
+            (deployment.dense_gb + deployment.shadow_gb) * 1e9,
         ),
     ):
         rows.append(
