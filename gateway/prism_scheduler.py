@@ -99,6 +99,10 @@ class PrismScheduler:
         for backend_id, report in self.reports.items():
             if isinstance(report.get("local_ratio"), float | int):
                 self.gw.metrics.expert_local.labels(backend_id).set(report["local_ratio"])
+        self._feed_policy()
+
+    def _feed_policy(self) -> None:
+        """Hand the map and the per-class statistics to the `prism` routing policy."""
         self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
 
     async def _is_planner(self) -> bool:
@@ -211,9 +215,7 @@ class PrismScheduler:
                 self.map[b.id] = hosted
             await asyncio.gather(*pushes)
             self.history = [*self.history, dict(self.candidate)][-HISTORY:]
-            self.gw.pool.set_experts(
-                {k: frozenset(v) for k, v in self.map.items()}, self.class_stats()
-            )
+            self._feed_policy()
             log.info(
                 "prism adopted a new placement (expected %.2f s against %.2f s, migration %.1f s)",
                 cost_new,

@@ -160,25 +160,16 @@ class RedisProcess:
             self.proc = None
 
 
-class WorkerProcess:
-    """An `edgeroute worker` in its own process, for tests that kill it."""
+class CliProcess:
+    """An `edgeroute` command in its own process on a free port, for tests that kill it
+    or need separate processes; ready once `health` answers 200."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, args: list[str], health: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "worker",
-                "--port",
-                str(self.port),
-                "--plain-logs",
-                "--log-level",
-                "WARNING",
-                *args,
-            ],
+            [sys.executable, "-m", "gateway.cli", *args, "--port", str(self.port)],
+            env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -186,7 +177,7 @@ class WorkerProcess:
 
         def up() -> bool:
             try:
-                return httpx.get(self.url + "/health", timeout=0.5).status_code == 200
+                return httpx.get(self.url + health, timeout=0.5).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -196,3 +187,17 @@ class WorkerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+class WorkerProcess(CliProcess):
+    """An `edgeroute worker`."""
+
+    def __init__(self, *args: str) -> None:
+        super().__init__(["worker", "--plain-logs", "--log-level", "WARNING", *args], "/health")
+
+
+class GatewayProcess(CliProcess):
+    """An `edgeroute serve --config`, with settings from the environment too."""
+
+    def __init__(self, config: Path, env: dict[str, str]) -> None:
+        super().__init__(["serve", "--config", str(config)], "/readyz", env)

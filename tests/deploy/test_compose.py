@@ -20,20 +20,25 @@ def compose() -> dict[str, Any]:
     return data
 
 
-def test_compose_file_follows_the_compose_specification() -> None:
-    # The official Compose Specification schema, as vendored by check-jsonschema.
-    run = subprocess.run(
+def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
+    """Validate against the official Compose Specification schema, as vendored by
+    check-jsonschema."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "check_jsonschema",
             "--builtin-schema",
             "vendor.compose-spec",
-            str(ROOT / "docker-compose.yml"),
+            str(path),
         ],
         capture_output=True,
         text=True,
     )
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    run = check_compose(ROOT / "docker-compose.yml")
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -42,18 +47,7 @@ def test_the_schema_check_rejects_a_broken_file(tmp_path: Path) -> None:
         (ROOT / "docker-compose.yml").read_text().replace('ports: ["8001:8000"]', "ports: 8001")
     )
     (tmp_path / "docker-compose.yml").write_text(broken)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "check_jsonschema",
-            "--builtin-schema",
-            "vendor.compose-spec",
-            str(tmp_path / "docker-compose.yml"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    run = check_compose(tmp_path / "docker-compose.yml")
     assert run.returncode != 0
 
 

@@ -3,10 +3,6 @@ made through one replica steer the other. (Kubernetes runs replicas the same way
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -17,52 +13,22 @@ import pytest
 import yaml
 
 from tests.gateway.test_oracle_api import TOPOLOGY
-from tests.support import RedisProcess, WorkerProcess, free_port, wait_until
+from tests.support import GatewayProcess, RedisProcess, WorkerProcess, wait_until
 
 TOKEN = {"authorization": "Bearer multi-replica-token"}
 MODEL = "mistral-7b-chat"
 
 
-class GatewayProcess:
-    def __init__(self, config: Path, redis_url: str, replica: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
+def gateway(config: Path, redis_url: str, replica: str) -> GatewayProcess:
+    return GatewayProcess(
+        config,
+        {
             "EDGEROUTE_ADMIN_TOKEN": TOKEN["authorization"].removeprefix("Bearer "),
             "EDGEROUTE_REDIS_URL": redis_url,
             "EDGEROUTE_REPLICA_ID": replica,
             "EDGEROUTE_STALE_AFTER": "0.0001",  # only in-flight counts steer
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(self.port),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-        def ready() -> bool:
-            try:
-                return httpx.get(self.url + "/readyz", timeout=0.5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(ready, timeout=30)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        },
+    )
 
 
 @pytest.fixture
@@ -83,7 +49,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
     )
     gateways: list[GatewayProcess] = []
     try:
-        gateways = [GatewayProcess(config, redis.url, f"r{i}") for i in (1, 2)]
+        gateways = [gateway(config, redis.url, f"r{i}") for i in (1, 2)]
         yield gateways[0], gateways[1]
     finally:
         for g in gateways:
