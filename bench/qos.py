@@ -82,26 +82,15 @@ def main(
     def env_for(
         n: int = 6, rate: float = 5.0, latency_ms: float = 30.0, arrivals: str | None = None
     ) -> EdgeEnv:
-        env = EdgeEnv(
+        return EdgeEnv(
             default_experts(n, seed=0),
             tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
             episode_len=episode,
             predictor=NoisyOracle(),
+            arrivals=azure_arrivals(Path(arrivals), rate) if arrivals else None,
         )
-        if arrivals:
-            path = Path(arrivals)
-            env = EdgeEnv(
-                default_experts(n, seed=0),
-                tasks,
-                rate=rate,
-                latency_req=latency_ms / 1000,
-                episode_len=episode,
-                predictor=NoisyOracle(),
-                arrivals=azure_arrivals(path, rate),
-            )
-        return env
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
     if not quick:
