@@ -39,6 +39,7 @@ class InflightEntry:
     generated: int = 0
     pred_score: float = 0.0
     pred_length: float = 0.0
+    token_target: float | None = None  # set when a QoS policy routed the request
 
     def snapshot(self) -> InflightRequest:
         return InflightRequest(

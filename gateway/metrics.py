@@ -178,5 +178,26 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.qos_requests = Counter(
+            "edgeroute_qos_requests",
+            "Requests the QoS policy handled, by whether they met its per-token latency "
+            "target (met, missed) or were shed.",
+            ["outcome"],
+            registry=r,
+        )
+        self.qos_score = Histogram(
+            "edgeroute_qos_predicted_score",
+            "Predicted response quality (0-1) on the backend the QoS policy chose.",
+            ["backend"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
+        self.qos_token_latency = Histogram(
+            "edgeroute_qos_token_latency_seconds",
+            "End-to-end time per output token of requests the QoS policy routed.",
+            buckets=ITL,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

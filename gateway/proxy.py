@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -61,6 +62,7 @@ _DROP_DOWN = frozenset(
     b"proxy-connection date server".split()
 )
 MAX_TOKENS_LIMIT = 1 << 24
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PREFILL_DROP = frozenset(("stream_options", "max_completion_tokens", "n"))
 _REMOTE_DECODE = {
     "do_remote_decode": True,
@@ -289,7 +291,10 @@ class Proxy:
             if decision.backend is None:
                 if last is not None:
                     break
-                gw.metrics.shed.labels(model, "no_backend").inc()
+                qos = decision.token_target is not None
+                gw.metrics.shed.labels(model, "qos" if qos else "no_backend").inc()
+                if qos:
+                    gw.metrics.qos_requests.labels("shed").inc()
                 raise GatewayError(
                     503,
                     f"no backend can take this request: {decision.reason}",
@@ -308,7 +313,10 @@ class Proxy:
                 info.now or time.monotonic(),
                 pred_score=score,
                 pred_length=length,
+                token_target=decision.token_target,
             )
+            if decision.predicted is not None:
+                gw.metrics.qos_score.labels(backend.id).observe(score)
             gw.pool.dispatched(backend, info.block_hashes, entry)
             if on_dispatch is not None:
                 on_dispatch(backend)
@@ -518,9 +526,11 @@ class Proxy:
         gw.metrics.overhead.observe(overhead)
         if not up.streaming:
             headers.append((b"content-length", str(len(up.first)).encode()))
-            gw.pool.finished(b, up.entry)
-            gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
-            gw.metrics.requests.labels(model, b.id, str(status)).inc()
+            tokens = 0
+            if up.entry is not None and up.entry.token_target is not None:
+                found = _COMPLETION_TOKENS.search(up.first)
+                tokens = int(found.group(1)) if found else 0
+            self._finished(up, model, str(status), t0, tokens)
             return _Raw(status, headers, up.first)
         gw.metrics.ttft.labels(model, b.id).observe(t_back - t0)
         return RelayResponse(status, headers, self._relay(up, model, t0, t_back))
@@ -561,14 +571,33 @@ class Proxy:
                 code="upstream_error",
             )
             yield err.sse_event()
+        except (GeneratorExit, asyncio.CancelledError):
+            status = "499"  # the client left
+            raise
         finally:
             if clean:
                 up.response.release()
             else:
                 up.response.close()  # the backend sees the disconnect and stops
-            gw.pool.finished(b, up.entry)
-            gw.metrics.requests.labels(model, b.id, status).inc()
-            gw.metrics.e2e.labels(model, b.id).observe(time.perf_counter() - t0)
+            self._finished(up, model, status, t0, up.entry.generated if up.entry else 0)
+
+    def _finished(self, up: Upstream, model: str, status: str, t0: float, tokens: int) -> None:
+        """Account for a request that has ended, well or not, on `up.backend`."""
+        gw = self.gw
+        b = up.backend
+        elapsed = time.perf_counter() - t0
+        gw.pool.finished(b, up.entry)
+        gw.metrics.requests.labels(model, b.id, status).inc()
+        gw.metrics.e2e.labels(model, b.id).observe(elapsed)
+        target = up.entry.token_target if up.entry is not None else None
+        if target is None or status == "499":
+            return
+        if status != "200" or tokens <= 0:
+            gw.metrics.qos_requests.labels("failed").inc()
+            return
+        per_token = elapsed / tokens
+        gw.metrics.qos_token_latency.observe(per_token)
+        gw.metrics.qos_requests.labels("met" if per_token <= target else "missed").inc()
 
 
 class _Raw(Response):

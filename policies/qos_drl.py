@@ -103,5 +103,8 @@ class QoSDRL:
                 None,
                 reason="shed by the QoS policy: no backend can meet the latency target for it now",
                 retry_after=1.0,
+                token_target=self.latency,
             )
-        return Decision(candidates[action - 1], predicted=preds[action - 1])
+        return Decision(
+            candidates[action - 1], predicted=preds[action - 1], token_target=self.latency
+        )

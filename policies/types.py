@@ -104,6 +104,8 @@ class Decision:
     reason: str = ""
     retry_after: float = 1.0
     predicted: tuple[float, float] | None = None  # (score, length) on the chosen backend
+    # The per-output-token latency a QoS policy routed (or shed) this request for.
+    token_target: float | None = None
 
     @property
     def rejected(self) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
@@ -45,6 +46,16 @@ def wait_until(check: Callable[[], bool], timeout: float = 10.0, every: float = 
             return
         time.sleep(every)
     raise AssertionError("condition not met in time")
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`, from Prometheus text."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and labels.items() <= s.labels.items():
+                total += s.value
+    return total
 
 
 class ServerThread:

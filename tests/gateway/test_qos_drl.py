@@ -19,11 +19,12 @@ import torch
 from qos.export import export_actor
 from qos.model import QoSNet
 from qos.predictors import train_predictor
-from tests.support import DATA_DIR, wait_until
+from tests.support import DATA_DIR, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "edge"
+OUTCOMES = ("met", "missed", "failed", "shed")
 pytestmark = pytest.mark.skipif(
     not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
 )
@@ -105,6 +106,14 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
         for t in threads:
             t.join(30)
     wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 0)
+    # Four QoS decisions; the finished request is judged against the latency target and
+    # the three streams the client cut are not.
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_qos_predicted_score_count") == 4
+    outcomes = {o: sample(metrics, "edgeroute_qos_requests_total", outcome=o) for o in OUTCOMES}
+    assert outcomes["met"] + outcomes["missed"] == 1 and outcomes["shed"] == 0
+    assert sample(metrics, "edgeroute_requests_total", status="499") == 3
+    assert sample(metrics, "edgeroute_qos_token_latency_seconds_count") == 1
 
 
 def test_the_drop_action_sheds_with_503_and_retry_after(
@@ -117,6 +126,9 @@ def test_the_drop_action_sheds_with_503_and_retry_after(
     )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert "shed by the QoS policy" in r.json()["error"]["message"]
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_qos_requests_total", outcome="shed") == 1
+    assert sample(metrics, "edgeroute_shed_requests_total", reason="qos") == 1
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(
