@@ -48,6 +48,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="also compare through the real gateway with 6 emulated workers",
     )
     q.set_defaults(func=lambda a: _qos(a))
+    pe = which.add_parser(
+        "peers", help="beside nginx, vllm-router, sglang-router, LiteLLM (shared/bench-peers)"
+    )
+    common(pe)
+    pe.add_argument("--harness", help="the bench-peers folder (default: ../shared/bench-peers)")
+    pe.add_argument("--policies", default="least_load,cla", help="one gateway target each")
+    pe.add_argument("--only", help="peers to run besides the gateway, e.g. nginx,vllm-router")
+    pe.add_argument("--rounds", type=int)
+    pe.set_defaults(func=lambda a: _peers(a))
+    d = which.add_parser(
+        "dashboard", help="the Grafana dashboard's panels from a real run, via Prometheus"
+    )
+    common(d)
+    d.add_argument("--seconds", type=float, default=360.0, help="length of the traffic")
+    d.add_argument(
+        "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    d.set_defaults(func=lambda a: _dashboard(a))
     w = which.add_parser(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
     )
@@ -86,6 +104,23 @@ def _qos(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)
+
+
+def _peers(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from bench.peers import main
+
+    harness = Path(a.harness) if a.harness else None
+    main(a.quick, harness, a.policies.split(","), a.only, a.rounds)
+
+
+def _dashboard(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from bench.dashboard import main
+
+    main(a.quick, a.seconds, a.json, Path(a.data_dir) if a.data_dir else None)
 
 
 def _prism(a: argparse.Namespace) -> None:

@@ -1,0 +1,63 @@
+"""The gateway's target file for the shared peers harness starts a working gateway."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from bench.peers import target_files
+from tests.support import WorkerProcess, free_port, wait_until
+
+
+def test_a_policy_target_starts_the_gateway_in_front_of_the_harness_backends(
+    tmp_path: Path,
+) -> None:
+    workers = [
+        WorkerProcess("--profile", "instant", "--served-model-name", "mock-model") for _ in range(2)
+    ]
+    port = free_port()
+    first, second = target_files(["least_load", "cla"], tmp_path, first_port=port)
+    assert "EDGEROUTE_NAME=edgeroute-cla" in second.read_text()
+    env = {
+        **os.environ,
+        "EDGEROUTE_PY": sys.executable,
+        "BACKEND_URLS": " ".join(w.url for w in workers),
+        "MODEL": "mock-model",
+        "RUN_DIR": str(tmp_path),
+    }
+    # As run_all.sh starts a target: source the file, then target_start (which execs).
+    gateway = subprocess.Popen(
+        ["bash", "-c", 'source "$1"; target_start', "_", str(first)],
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(url + "/readyz", timeout=0.5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, timeout=30)
+        seen = set()
+        for _ in range(4):
+            r = httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert r.status_code == 200, r.text
+            seen.add(r.headers["x-edgeroute-backend"])
+        assert len(seen) == 2  # both harness backends take traffic
+        assert "policy: least_load" in (tmp_path / "gateway.yaml").read_text()
+    finally:
+        os.killpg(gateway.pid, signal.SIGTERM)
+        gateway.wait(15)
+        for w in workers:
+            w.kill()
