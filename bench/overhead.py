@@ -1,7 +1,7 @@
 """What the gateway adds in front of a fast backend: `edgeroute bench overhead`.
 
-Two emulated workers on the zero-cost `instant` profile serve as the backend.
-The load generator and the workers share CPU 0; the gateway gets CPU 1 (the
+Two `bench.fast_backend` processes, which answer at once, serve as the backend.
+The load generator and the backends share CPU 0; the gateway gets CPU 1 (the
 method of the peers harness in shared/bench-peers). Each round measures the
 direct path and the gateway under each policy, interleaved; the table gives
 medians over rounds. Non-streaming requests of 16 tokens; TTFT with 8 streams.
@@ -96,21 +96,15 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
     _pin(LOAD_CPU)
     rounds, seconds = (1, 2.0) if quick else (3, 8.0)
     worker_port, gw_port = 18601, 18600
-    workers = _spawn(
-        [
-            "worker",
-            "--profile",
-            "instant",
-            "--count",
-            "2",
-            "--port",
-            str(worker_port),
-            "--log-level",
-            "WARNING",
-        ],
-        LOAD_CPU,
-    )
-    backends = [f"http://127.0.0.1:{worker_port}", f"http://127.0.0.1:{worker_port + 1}"]
+    ports = (worker_port, worker_port + 1)
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.fast_backend", "--port", str(p), "--model", MODEL],
+            preexec_fn=lambda: _pin(LOAD_CPU),
+        )
+        for p in ports
+    ]
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
     samples: dict[str, list[dict[str, float]]] = {"direct": []}
     samples.update({p: [] for p in policies})
     try:
@@ -132,8 +126,9 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
                     gw.terminate()
                     gw.wait(10)
     finally:
-        workers.terminate()
-        workers.wait(10)
+        for w in workers:
+            w.terminate()
+            w.wait(10)
     med = {
         t: {k: statistics.median(s[k] for s in runs) for k in runs[0]}
         for t, runs in samples.items()
@@ -154,7 +149,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
             "rounds": rounds,
             "seconds": seconds,
             "seed": seed,
-            "backend": "2 emulated workers, profile instant, 16 tokens",
+            "backend": "2 bench.fast_backend processes, 16 tokens",
         },
         rows,
         [
@@ -171,7 +166,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         ],
         json_path,
         quick=quick,
-        notes="Load generator and workers pinned to CPU 0, gateway to CPU 1. `direct` "
+        notes="Load generator and backends pinned to CPU 0, gateway to CPU 1. `direct` "
         "talks to one worker; the gateway spreads over both. req/s at c=32 is bounded "
         "by the backend and load generator sharing CPU 0, so it is a lower bound for "
         "the gateway; CPU us/req is the gateway process's own CPU time per request.",

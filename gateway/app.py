@@ -33,6 +33,7 @@ from gateway.openapi import CHAT_BODY, COMPLETION_BODY
 from gateway.oracle_api import oracle_router
 from gateway.prism_scheduler import PrismScheduler
 from gateway.proxy import Proxy
+from gateway.relay import Receive, Scope, Send
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
     CONFIG_BACKENDS,
@@ -40,6 +41,7 @@ from gateway.store import (
     SharedStore,
     StoreUnavailable,
 )
+from gateway.upstream import UpstreamPool
 from oracle.state import OracleState
 from policies import Pipeline, PipelineSpec, Policy, build_policy
 
@@ -80,6 +82,8 @@ class Gateway:
         self._apply_routing(settings.routing)
         self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
         self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
+        # The proxy path's own client; aiohttp serves the monitor and admin calls.
+        self.upstream = UpstreamPool(settings.timeouts.connect)
         self.monitor = Monitor(self)
         self.prism = PrismScheduler(self, settings.prism_replan_seconds)
         self.proxy = Proxy(self)
@@ -117,6 +121,7 @@ class Gateway:
         await self.monitor.stop()
         if self._client is not None:
             await self._client.close()
+        self.upstream.close()
         await self.store.close()
 
     @property
@@ -352,6 +357,30 @@ def _admin_router(gw: Gateway) -> APIRouter:
     return r
 
 
+class GatewayApp(FastAPI):
+    """FastAPI for the API surface, with the two proxy routes dispatched straight to the
+    proxy: they skip routing, dependency solving and the middleware stack, which cost
+    more than the rest of the request path. FastAPI still documents them."""
+
+    gateway: Gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            chat = _PROXY_PATHS.get(scope["path"])
+            if chat is not None:
+                try:
+                    response = await self.gateway.proxy.handle(Request(scope, receive), chat)
+                except Exception:
+                    log.exception("unexpected error on the proxy path")
+                    response = GatewayError(500, "internal gateway error").response()
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+_PROXY_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
+
+
 def create_app(settings: Settings) -> FastAPI:
     gw = Gateway(settings)
 
@@ -361,9 +390,10 @@ def create_app(settings: Settings) -> FastAPI:
         yield
         await gw.stop()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="edgeroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None
     )
+    app.gateway = gw
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)

@@ -21,7 +21,6 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,6 +30,7 @@ from gateway.backends import Backend, InflightEntry
 from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
+from gateway.upstream import UpstreamError, UpstreamResponse
 from policies.pipeline import Policy
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
@@ -79,7 +79,7 @@ class Upstream:
     """A backend's answer, received up to the point where it can still be retried."""
 
     backend: Backend
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
     first: bytes  # the first body chunk (stream) or the whole body
     streaming: bool  # more chunks may follow `first`
     entry: InflightEntry | None = None
@@ -163,11 +163,8 @@ class Proxy:
         self.gw = gateway
         s = gateway.settings
         self._seq = itertools.count()
-        # sock_read bounds every wait for bytes: the first byte, and (with `idle`,
-        # enforced per chunk) the gaps in a stream.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=s.timeouts.connect, sock_read=s.timeouts.first_byte
-        )
+        # `first_byte` bounds every wait for the answer; `idle` the gaps in a stream.
+        self._first_byte = s.timeouts.first_byte
         self._idle = s.timeouts.idle
 
     async def handle(self, request: Request, chat: bool) -> Response | RelayResponse:
@@ -458,37 +455,38 @@ class Proxy:
     async def _open(
         self, backend: Backend, path: str, raw: bytes, headers: list[tuple[str, str]], stream: bool
     ) -> Upstream:
-        url = backend.config.url + path
-        if backend.config.api_key is not None:
+        cfg = backend.config
+        if cfg.api_key is not None:
             headers = [(k, v) for k, v in headers if k != "authorization"]
-            headers.append(("authorization", f"Bearer {backend.config.api_key.get_secret_value()}"))
+            headers.append(("authorization", f"Bearer {cfg.api_key.get_secret_value()}"))
+        wait = self._first_byte
         try:
-            resp = await self.gw.client.post(url, data=raw, headers=headers, timeout=self._timeout)
+            resp = await self.gw.upstream.send(cfg.target, b"POST", path, headers, raw, wait)
         except TimeoutError as exc:
             raise Retryable(
                 GatewayError(504, f"backend {backend.id} timed out"), "timeout"
             ) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             raise Retryable(
                 GatewayError(502, f"backend {backend.id} is unreachable"), "connect"
             ) from exc
         try:
             if resp.status >= 500 or resp.status == 429:
-                await resp.read()
+                await resp.read(wait)
                 raise Retryable(
                     GatewayError(502, f"backend {backend.id} answered {resp.status}"),
                     f"status_{resp.status}",
                 )
             if not stream or resp.status != 200:
-                return Upstream(backend, resp, await resp.read(), False)
-            return Upstream(backend, resp, await resp.content.readany(), True)
+                return Upstream(backend, resp, await resp.read(wait), False)
+            return Upstream(backend, resp, await resp.readany(wait), True)
         except TimeoutError as exc:
             resp.close()
             raise Retryable(
                 GatewayError(504, f"backend {backend.id} sent no response in time"),
                 "first_byte_timeout",
             ) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             resp.close()
             raise Retryable(
                 GatewayError(502, f"backend {backend.id} failed before responding"), "broken"
@@ -543,14 +541,13 @@ class Proxy:
         status = str(up.response.status)
         itl = gw.metrics.itl.labels(model, b.id)
         last = t_first
-        content = up.response.content
+        response = up.response
         clean = False
         try:
             if up.first:
                 yield up.first
             while True:
-                async with asyncio.timeout(self._idle):
-                    chunk = await content.readany()
+                chunk = await response.readany(self._idle)
                 if not chunk:
                     clean = True
                     break
@@ -560,7 +557,7 @@ class Proxy:
                 if up.entry is not None:
                     up.entry.generated += 1  # an SSE chunk is about a token
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             status = "502"
             reason = "went silent" if isinstance(exc, TimeoutError) else "failed"
             gw.pool.failed(b)

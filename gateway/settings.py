@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.upstream import Target
 from oracle.topology import Topology
 from policies import PipelineSpec
 from policies.types import Role
@@ -56,6 +57,11 @@ class BackendConfig(BaseModel):
     profile: CostProfile = Field(default_factory=CostProfile)
     moe: MoEBackend | None = None  # Prism places this backend's experts
     odmoe: OdMoEConfig | None = None  # an OD-MoE backend: its pipeline, for eq. 1
+
+    @cached_property
+    def target(self) -> Target:
+        """Where the proxy path connects."""
+        return Target.parse(self.url)
 
     @cached_property
     def iter_base(self) -> float:
