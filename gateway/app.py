@@ -6,6 +6,7 @@ lean `Proxy`; everything under `/admin/` requires the admin bearer token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -33,7 +34,7 @@ from gateway.openapi import CHAT_BODY, COMPLETION_BODY
 from gateway.oracle_api import oracle_router
 from gateway.prism_scheduler import PrismScheduler
 from gateway.proxy import Proxy
-from gateway.relay import Receive, Scope, Send
+from gateway.relay import ClientWatch, Receive, Scope, Send
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
     CONFIG_BACKENDS,
@@ -368,14 +369,26 @@ class GatewayApp(FastAPI):
         if scope["type"] == "http" and scope["method"] == "POST":
             chat = _PROXY_PATHS.get(scope["path"])
             if chat is not None:
-                try:
-                    response = await self.gateway.proxy.handle(Request(scope, receive), chat)
-                except Exception:
-                    log.exception("unexpected error on the proxy path")
-                    response = GatewayError(500, "internal gateway error").response()
-                await response(scope, receive, send)
+                await self._proxy(scope, receive, send, chat)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        watch = ClientWatch()
+        try:
+            try:
+                response = await self.gateway.proxy.handle(Request(scope, receive), chat, watch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("unexpected error on the proxy path")
+                response = GatewayError(500, "internal gateway error").response()
+            await response(scope, receive, send)
+        except asyncio.CancelledError:
+            if not watch.client_left():
+                raise
+        finally:
+            watch.finish()
 
 
 _PROXY_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
@@ -413,13 +426,14 @@ def create_app(settings: Settings) -> FastAPI:
     async def _http(request: Request, exc: HTTPException) -> Response:
         return GatewayError(exc.status_code, str(exc.detail)).response()
 
+    # GatewayApp serves these two before routing; they are declared for the schema.
     @app.post("/v1/chat/completions", openapi_extra=CHAT_BODY, tags=["openai"])
     async def chat_completions(request: Request) -> Response:
-        return await gw.proxy.handle(request, chat=True)
+        raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
 
     @app.post("/v1/completions", openapi_extra=COMPLETION_BODY, tags=["openai"])
     async def completions(request: Request) -> Response:
-        return await gw.proxy.handle(request, chat=False)
+        raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> Response:

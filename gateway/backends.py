@@ -87,7 +87,8 @@ class BackendPool:
         self._contention: Mapping[tuple[str, str], int] = MappingProxyType({})
         self._backends: dict[str, Backend] = {}
         self._views: list[BackendView] = []
-        self.view = ClusterView((), stale_after=stale_after)
+        self._view = ClusterView((), stale_after=stale_after)
+        self._dirty: set[Backend] = set()  # in-flight changes not yet in the view
         self.known_models: frozenset[str] = frozenset()
         self.pd_models: frozenset[str] = frozenset()
         self.track_requests = False  # views carry in-flight requests (for QoS-DRL)
@@ -134,6 +135,24 @@ class BackendPool:
 
     # -- the view -------------------------------------------------------------
 
+    @property
+    def view(self) -> ClusterView:
+        """The snapshot policies decide on. Dispatches and completions only mark their
+        backend; the next read folds them in, so a request pays for one update."""
+        if self._dirty:
+            views = self._views
+            for b in self._dirty:
+                i = b.index
+                if 0 <= i < len(views) and views[i].id == b.id:
+                    views[i] = replace(
+                        views[i],
+                        inflight=b.inflight + b.remote_inflight,
+                        requests=self._requests_of(b),
+                    )
+            self._dirty.clear()
+            self._view = replace(self._view, backends=tuple(views))
+        return self._view
+
     def _view_of(self, b: Backend, now: float) -> BackendView:
         return BackendView(
             id=b.id,
@@ -146,7 +165,7 @@ class BackendPool:
             kv_usage=b.stats.kv_usage,
             stats_age=now - b.stats.scraped_at,
             inflight=b.inflight + b.remote_inflight,
-            cached_blocks=frozenset(b.prefix),
+            cached_blocks=b.prefix.keys(),  # a live view: policies decide synchronously
             id_hash=stable_hash(b.id),
             kv_capacity_tokens=b.stats.kv_capacity_tokens,
             max_batch=b.config.profile.max_batch,
@@ -170,7 +189,8 @@ class BackendPool:
             b.index = i
             views.append(self._view_of(b, now))
         self._views = views
-        self.view = ClusterView(
+        self._dirty.clear()
+        self._view = ClusterView(
             tuple(views),
             stale_after=self._stale_after,
             oracle=self._oracle,
@@ -188,7 +208,7 @@ class BackendPool:
         i = b.index
         if 0 <= i < len(self._views) and self._views[i].id == b.id:
             self._views[i] = replace(self._views[i], **changes)  # type: ignore[arg-type]
-            self.view = replace(self.view, backends=tuple(self._views))
+            self._view = replace(self._view, backends=tuple(self._views))
 
     def set_experts(
         self, hosted: Mapping[str, frozenset[tuple[int, int]]], stats: Mapping[str, Any]
@@ -207,7 +227,7 @@ class BackendPool:
         self._oracle = oracle
         if contention is not None:
             self._contention = MappingProxyType(dict(contention))
-        self.view = replace(self.view, oracle=self._oracle, self_contention=self._contention)
+        self._view = replace(self._view, oracle=self._oracle, self_contention=self._contention)
 
     # -- request path -----------------------------------------------------------
 
@@ -217,7 +237,6 @@ class BackendPool:
         b.inflight += 1
         if entry is not None and self.track_requests:
             b.requests[id(entry)] = entry
-            self._refresh_one(b, requests=self._requests_of(b))
         if blocks:
             prefix = b.prefix
             for h in blocks:
@@ -225,20 +244,13 @@ class BackendPool:
                 prefix.move_to_end(h)
             while len(prefix) > self._prefix_entries:
                 prefix.popitem(last=False)
-            self._refresh_one(
-                b, inflight=b.inflight + b.remote_inflight, cached_blocks=frozenset(prefix)
-            )
-        else:
-            self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
+        self._dirty.add(b)
 
     def finished(self, b: Backend, entry: InflightEntry | None = None) -> None:
         b.inflight -= 1
-        if entry is not None and b.requests.pop(id(entry), None) is not None:
-            self._refresh_one(
-                b, inflight=b.inflight + b.remote_inflight, requests=self._requests_of(b)
-            )
-        else:
-            self._refresh_one(b, inflight=b.inflight + b.remote_inflight)
+        if entry is not None:
+            b.requests.pop(id(entry), None)
+        self._dirty.add(b)
 
     def failed(self, b: Backend) -> bool:
         """Record a failure; True when it opened the circuit."""

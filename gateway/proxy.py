@@ -13,10 +13,10 @@ import asyncio
 import itertools
 import logging
 import math
+import os
 import random
 import re
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from gateway.auth import require_client_key
 from gateway.backends import Backend, InflightEntry
 from gateway.errors import GatewayError
 from gateway.logs import request_id
-from gateway.relay import ClientGone, RelayResponse, cancel_on_disconnect
+from gateway.relay import ClientWatch, RelayResponse
 from gateway.upstream import UpstreamError, UpstreamResponse
 from policies.pipeline import Policy
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
@@ -167,14 +167,19 @@ class Proxy:
         self._first_byte = s.timeouts.first_byte
         self._idle = s.timeouts.idle
 
-    async def handle(self, request: Request, chat: bool) -> Response | RelayResponse:
+    async def handle(
+        self, request: Request, chat: bool, watch: ClientWatch
+    ) -> Response | RelayResponse:
+        """Answer one OpenAI request. `watch` is started once the body is in; the
+        caller finishes it when the response has been sent."""
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
         request_id.set(rid)
         model_label = "unknown"
         try:
             require_client_key(request.headers.get("authorization"), self.gw.settings.api_keys)
             raw = await self._read_body(request)
+            watch.start(request.receive)
             try:
                 parsed = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
@@ -319,9 +324,7 @@ class Proxy:
                 on_dispatch(backend)
             t_sent = time.perf_counter()
             try:
-                up = await cancel_on_disconnect(
-                    self._open(backend, path, raw, headers, stream), request.receive
-                )
+                up = await self._open(backend, path, raw, headers, stream)
             except Retryable as exc:
                 gw.pool.finished(backend, entry)
                 if on_release is not None:
@@ -331,7 +334,7 @@ class Proxy:
                 gw.metrics.retries.labels(backend.id, exc.reason).inc()
                 last = exc
                 continue
-            except (ClientGone, asyncio.CancelledError):
+            except asyncio.CancelledError:  # the client left
                 gw.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)

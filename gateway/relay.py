@@ -1,14 +1,15 @@
-"""An ASGI response that relays chunks as they come and stops when the client leaves.
+"""Noticing a departed client at once, and relaying a stream chunk by chunk.
 
-Starlette's StreamingResponse (ASGI 2.4) notices a departed client only on the
-next write; a proxy must cancel the upstream request at once, so this watches
-`receive()` for `http.disconnect` while it pumps.
+A proxy must stop its upstream request as soon as the client leaves, not at its
+next write. `ClientWatch` waits on `receive()` for `http.disconnect` in one small
+task per request and cancels the request's own task when it comes; everything else
+(waiting for the backend, relaying) runs in the request's task, so a request costs
+one extra task rather than one per phase.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -20,37 +21,51 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-async def wait_for_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+class ClientWatch:
+    """Cancels the current task if the client disconnects before `finish()`.
 
+    Start it once the request body has been read (it consumes `receive()`); the task
+    that started it then sees `asyncio.CancelledError` at its next await, with `gone`
+    set.
+    """
 
-async def cancel_on_disconnect(work: Awaitable[Any], receive: Receive) -> Any:
-    """Await `work`; cancel it and raise `ClientGone` if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(wait_for_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watch.cancel()
-        raise
-    if task in done:
-        watch.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise ClientGone
+    def __init__(self) -> None:
+        self.gone = False
+        self._finished = False
+        self._watch: asyncio.Task[None] | None = None
 
+    def start(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._watch = asyncio.get_running_loop().create_task(self._run(receive, task))
 
-class ClientGone(Exception):
-    """The client disconnected before its response was ready."""
+    async def _run(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self._finished:
+            self.gone = True
+            task.cancel()
+
+    def client_left(self) -> bool:
+        """On `CancelledError`: True, with the cancellation taken back, when it came from
+        this watch; False when someone else cancelled (re-raise then)."""
+        if not self.gone:
+            return False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return True
+
+    def finish(self) -> None:
+        """The response has been sent (or abandoned): stop watching."""
+        self._finished = True
+        if self._watch is not None:
+            self._watch.cancel()
 
 
 class RelayResponse(Response):
+    """Headers, then each chunk as the generator yields it."""
+
     def __init__(
         self,
         status: int,
@@ -63,19 +78,6 @@ class RelayResponse(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(wait_for_disconnect(receive))
-        try:
-            _done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (pump, watch):
-                if not task.done():
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await pump
-            watch.cancel()
-
-    async def _pump(self, send: Send) -> None:
         try:
             await send(
                 {
@@ -86,6 +88,7 @@ class RelayResponse(Response):
             )
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await self.chunks.aclose()
+        # The last await: once it returns the response is complete (see ClientWatch).
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

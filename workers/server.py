@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from gateway.relay import ClientGone, cancel_on_disconnect
+from gateway.relay import ClientWatch
 from oracle.topology import Topology
 from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
 from workers.engine import Engine, EngineError, Sequence
@@ -353,11 +353,17 @@ class Worker:
             while (await seq.tokens.get()) is not None:
                 pass
 
+        watch = ClientWatch()
+        watch.start(request.receive)
         try:
-            await cancel_on_disconnect(until_done(), request.receive)
-        except (ClientGone, asyncio.CancelledError):
+            await until_done()
+        except asyncio.CancelledError:
+            if not watch.client_left():
+                raise
             self.engine.cancel(seq)
             return Response(status_code=499)
+        finally:
+            watch.finish()
         if seq.error:
             return _error(500, seq.error)
         return self._respond(
