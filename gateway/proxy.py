@@ -43,18 +43,18 @@ log = logging.getLogger("edgeroute.proxy")
 # Never forwarded in either direction: hop-by-hop, framing, or handled here.
 _DROP_UP = frozenset(
     [
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
-        "authorization",
-        "accept-encoding",
+        b"host",
+        b"content-length",
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"authorization",
+        b"accept-encoding",
     ]
 )
 _DROP_DOWN = frozenset(
@@ -83,6 +83,11 @@ class Upstream:
     first: bytes  # the first body chunk (stream) or the whole body
     streaming: bool  # more chunks may follow `first`
     entry: InflightEntry | None = None
+
+
+def _text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
+    value = hdrs.get(name)
+    return value.decode("latin-1") if value is not None else None
 
 
 class Retryable(Exception):
@@ -163,6 +168,8 @@ class Proxy:
         self.gw = gateway
         s = gateway.settings
         self._seq = itertools.count()
+        self._rid_prefix = os.urandom(6).hex()  # request ids: this prefix and a counter
+        self._rids = itertools.count()
         # `first_byte` bounds every wait for the answer; `idle` the gaps in a stream.
         self._first_byte = s.timeouts.first_byte
         self._idle = s.timeouts.idle
@@ -173,12 +180,15 @@ class Proxy:
         """Answer one OpenAI request. `watch` is started once the body is in; the
         caller finishes it when the response has been sent."""
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
+        # ASGI servers give lower-case names; one dict beats Starlette's Headers here.
+        hdrs: dict[bytes, bytes] = dict(request.scope["headers"])
+        given = hdrs.get(b"x-request-id")
+        rid = given.decode("latin-1") if given else f"{self._rid_prefix}{next(self._rids):x}"
         request_id.set(rid)
         model_label = "unknown"
         try:
-            require_client_key(request.headers.get("authorization"), self.gw.settings.api_keys)
-            raw = await self._read_body(request)
+            require_client_key(_text(hdrs, b"authorization"), self.gw.settings.api_keys)
+            raw = await self._read_body(request, hdrs)
             watch.start(request.receive)
             try:
                 parsed = orjson.loads(raw)
@@ -195,16 +205,16 @@ class Proxy:
                 )
             model_label = model
             path = "/v1/chat/completions" if chat else "/v1/completions"
-            return await self._route(request, path, raw, body, rid, t0)
+            return await self._route(request, hdrs, path, raw, body, rid, t0)
         except GatewayError as exc:
             self.gw.metrics.requests.labels(model_label, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
                 log.warning("request failed", extra={"status": exc.status, "error": exc.message})
             return exc.response({"x-request-id": rid})
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, request: Request, hdrs: dict[bytes, bytes]) -> bytes:
         limit = self.gw.settings.max_body_bytes
-        declared = request.headers.get("content-length")
+        declared = hdrs.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise GatewayError(413, f"the request body is larger than {limit} bytes")
         chunks = []
@@ -217,10 +227,10 @@ class Proxy:
         return b"".join(chunks)
 
     def _request_info(
-        self, request: Request, body: dict[str, Any], uses_prefix: bool
+        self, hdrs: dict[bytes, bytes], body: dict[str, Any], uses_prefix: bool
     ) -> RequestInfo:
         text = prompt_text(body)
-        session = request.headers.get("x-session-id") or body.get("user")
+        session = _text(hdrs, b"x-session-id") or body.get("user")
         return RequestInfo(
             model=body["model"],
             prompt_tokens=estimate_tokens(text),
@@ -233,12 +243,19 @@ class Proxy:
             entropy=random.getrandbits(63),
             now=time.monotonic(),
             stream=bool(body.get("stream")),
-            task=request.headers.get("x-edgeroute-task"),
+            task=_text(hdrs, b"x-edgeroute-task"),
             prompt=text,
         )
 
     async def _route(
-        self, request: Request, path: str, raw: bytes, body: dict[str, Any], rid: str, t0: float
+        self,
+        request: Request,
+        hdrs: dict[bytes, bytes],
+        path: str,
+        raw: bytes,
+        body: dict[str, Any],
+        rid: str,
+        t0: float,
     ) -> Response | RelayResponse:
         gw = self.gw
         s = gw.settings
@@ -251,22 +268,21 @@ class Proxy:
                 code="overloaded",
                 retry_after=s.retry_after,
             )
-        headers = self._upstream_headers(request, rid)
+        headers = self._upstream_headers(request.scope["headers"], hdrs, rid)
         if model in gw.pool.pd_models:
-            return await self._route_disaggregated(request, path, body, headers, rid, t0)
+            return await self._route_disaggregated(hdrs, path, body, headers, rid, t0)
         pipeline = gw.pipeline_for(model)
-        info = self._request_info(request, body, pipeline.uses_prefix)
-        up, t_sent = await self._forward(request, pipeline, info, path, raw, headers, model)
+        info = self._request_info(hdrs, body, pipeline.uses_prefix)
+        up, t_sent = await self._forward(pipeline, info, path, raw, headers, model)
         return self._respond(up, model, rid, t0, t_sent, time.perf_counter(), info.stream)
 
     async def _forward(
         self,
-        request: Request,
         pipeline: Policy,
         info: RequestInfo,
         path: str,
         raw: bytes,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         model: str,
         *,
         stream: bool | None = None,
@@ -347,10 +363,10 @@ class Proxy:
 
     async def _route_disaggregated(
         self,
-        request: Request,
+        hdrs: dict[bytes, bytes],
         path: str,
         body: dict[str, Any],
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         rid: str,
         t0: float,
     ) -> Response | RelayResponse:
@@ -359,11 +375,10 @@ class Proxy:
         kv_transfer_params the prefill returned."""
         gw = self.gw
         model = body["model"]
-        info = self._request_info(request, body, uses_prefix=True)
+        info = self._request_info(hdrs, body, uses_prefix=True)
         prefill_body = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         prefill_body.update(max_tokens=1, stream=False, kv_transfer_params=_REMOTE_DECODE)
         up, t_prefill_sent = await self._forward(
-            request,
             gw.prefill_pipeline,
             info,
             path,
@@ -427,7 +442,6 @@ class Proxy:
         decode_body = dict(body)
         decode_body["kv_transfer_params"] = params
         up, t_sent = await self._forward(
-            request,
             gw.decode_pipeline,
             replace(info, prefill_id=prefill.id),
             path,
@@ -445,23 +459,31 @@ class Proxy:
         gw.metrics.pd_decode_wait.labels(tier).observe(t_first - t_sent)
         return self._respond(up, model, rid, t0, t_sent, t_first, info.stream, prefill_wait)
 
-    def _upstream_headers(self, request: Request, rid: str) -> list[tuple[str, str]]:
-        out = [(k, v) for k, v in request.headers.items() if k not in _DROP_UP]
-        if "x-request-id" not in request.headers:
-            out.append(("x-request-id", rid))
+    def _upstream_headers(
+        self, raw: list[tuple[bytes, bytes]], hdrs: dict[bytes, bytes], rid: str
+    ) -> list[tuple[bytes, bytes]]:
+        out = [(k, v) for k, v in raw if k not in _DROP_UP]
+        if b"x-request-id" not in hdrs:
+            out.append((b"x-request-id", rid.encode()))
         if not self.gw.settings.api_keys:
-            auth = request.headers.get("authorization")
+            auth = hdrs.get(b"authorization")
             if auth:
-                out.append(("authorization", auth))
+                out.append((b"authorization", auth))
         return out
 
     async def _open(
-        self, backend: Backend, path: str, raw: bytes, headers: list[tuple[str, str]], stream: bool
+        self,
+        backend: Backend,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        stream: bool,
     ) -> Upstream:
         cfg = backend.config
         if cfg.api_key is not None:
-            headers = [(k, v) for k, v in headers if k != "authorization"]
-            headers.append(("authorization", f"Bearer {cfg.api_key.get_secret_value()}"))
+            headers = [(k, v) for k, v in headers if k != b"authorization"]
+            key = cfg.api_key.get_secret_value()
+            headers.append((b"authorization", f"Bearer {key}".encode("latin-1")))
         wait = self._first_byte
         try:
             resp = await self.gw.upstream.send(cfg.target, b"POST", path, headers, raw, wait)

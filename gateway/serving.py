@@ -35,6 +35,9 @@ def make_server(
         port=listener.port,
         log_level=log_level,
         access_log=False,
+        # No client addresses are used, so X-Forwarded-For is not parsed per request.
+        proxy_headers=False,
+        server_header=False,
         loop="none",
         lifespan="on",
         timeout_graceful_shutdown=graceful_seconds,

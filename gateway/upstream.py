@@ -233,7 +233,7 @@ class UpstreamPool:
         target: Target,
         method: bytes,
         path: str,
-        headers: Iterable[tuple[str, str]],
+        headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
         timeout: float,
     ) -> UpstreamResponse:
@@ -253,7 +253,7 @@ class UpstreamPool:
             b"\r\n",
         ]
         for k, v in headers:
-            head.append(f"{k}: {v}\r\n".encode("latin-1"))
+            head += (k, b": ", v, b"\r\n")
         head.append(b"\r\n")
         request = b"".join(head) + body
         key = (target.host, target.port, target.tls)
