@@ -556,7 +556,8 @@ class Proxy:
             self._finished(up, model, str(status), t0, tokens)
             return _Raw(status, headers, up.first)
         gw.metrics.ttft.labels(model, b.id).observe(t_back - t0)
-        return RelayResponse(status, headers, self._relay(up, model, t0, t_back))
+        relay = self._relay(up, model, t0, t_back)
+        return RelayResponse(status, headers, relay, up.response.ended)
 
     async def _relay(
         self, up: Upstream, model: str, t0: float, t_first: float
@@ -570,8 +571,9 @@ class Proxy:
         clean = False
         try:
             if up.first:
+                clean = response.ended()
                 yield up.first
-            while True:
+            while not clean:
                 chunk = await response.readany(self._idle)
                 if not chunk:
                     clean = True
@@ -581,6 +583,7 @@ class Proxy:
                 last = now
                 if up.entry is not None:
                     up.entry.generated += 1  # an SSE chunk is about a token
+                clean = response.ended()  # RelayResponse ends the stream with this one
                 yield chunk
         except (UpstreamError, TimeoutError) as exc:
             status = "502"
@@ -594,7 +597,8 @@ class Proxy:
             )
             yield err.sse_event()
         except (GeneratorExit, asyncio.CancelledError):
-            status = "499"  # the client left
+            if not clean:
+                status = "499"  # the client left
             raise
         finally:
             if clean:

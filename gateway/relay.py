@@ -64,20 +64,24 @@ class ClientWatch:
 
 
 class RelayResponse(Response):
-    """Headers, then each chunk as the generator yields it."""
+    """Headers, then each chunk as the generator yields it. When `ended()` says a chunk
+    is the last, it goes out with the end of the response, in one write."""
 
     def __init__(
         self,
         status: int,
         headers: list[tuple[bytes, bytes]],
         chunks: AsyncGenerator[bytes, None],
+        ended: Callable[[], bool],
     ) -> None:
         self.status_code = status
         self.raw_headers = headers
         self.chunks = chunks
+        self.ended = ended
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        last = b""
         try:
             await send(
                 {
@@ -87,8 +91,11 @@ class RelayResponse(Response):
                 }
             )
             async for chunk in self.chunks:
+                if self.ended():
+                    last = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
             await self.chunks.aclose()
         # The last await: once it returns the response is complete (see ClientWatch).
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": last, "more_body": False})

@@ -195,6 +195,10 @@ class UpstreamResponse:
                 raise c.error
             await c.wait(timeout)
 
+    def ended(self) -> bool:
+        """The whole body has arrived and been taken."""
+        return self._conn.complete and not self._conn.chunks
+
     def release(self) -> None:
         """Done with it: the connection goes back to the pool if the exchange ended
         cleanly, else it is closed."""
