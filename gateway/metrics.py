@@ -6,12 +6,23 @@ request content, keys or tokens.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 DECISION = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005)
+
+
+@functools.lru_cache(maxsize=8192)
+def series(metric: MetricWrapperBase, *values: str) -> Any:
+    """`metric.labels(*values)`, remembered. labels() takes a lock and builds its key on
+    every call, and the request path needs several series per request."""
+    return metric.labels(*values)
 
 
 class GatewayMetrics:

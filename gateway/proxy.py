@@ -29,6 +29,7 @@ from gateway.auth import require_client_key
 from gateway.backends import Backend, InflightEntry
 from gateway.errors import GatewayError
 from gateway.logs import request_id
+from gateway.metrics import series
 from gateway.relay import ClientWatch, RelayResponse
 from gateway.upstream import UpstreamError, UpstreamResponse
 from policies.pipeline import Policy
@@ -207,7 +208,7 @@ class Proxy:
             path = "/v1/chat/completions" if chat else "/v1/completions"
             return await self._route(request, hdrs, path, raw, body, rid, t0)
         except GatewayError as exc:
-            self.gw.metrics.requests.labels(model_label, "none", str(exc.status)).inc()
+            series(self.gw.metrics.requests, model_label, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
                 log.warning("request failed", extra={"status": exc.status, "error": exc.message})
             return exc.response({"x-request-id": rid})
@@ -261,7 +262,7 @@ class Proxy:
         s = gw.settings
         model = body["model"]
         if s.max_inflight and gw.pool.total_inflight() >= s.max_inflight:
-            gw.metrics.shed.labels(model, "max_inflight").inc()
+            series(gw.metrics.shed, model, "max_inflight").inc()
             raise GatewayError(
                 429,
                 "the gateway is at its in-flight limit; retry later",
@@ -305,14 +306,14 @@ class Proxy:
                 view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
             td = time.perf_counter()
             decision = pipeline.decide(info, view)
-            gw.metrics.decision.labels(pipeline.name).observe(time.perf_counter() - td)
+            series(gw.metrics.decision, pipeline.name).observe(time.perf_counter() - td)
             if decision.backend is None:
                 if last is not None:
                     break
                 qos = decision.token_target is not None
-                gw.metrics.shed.labels(model, "qos" if qos else "no_backend").inc()
+                series(gw.metrics.shed, model, "qos" if qos else "no_backend").inc()
                 if qos:
-                    gw.metrics.qos_requests.labels("shed").inc()
+                    series(gw.metrics.qos_requests, "shed").inc()
                 raise GatewayError(
                     503,
                     f"no backend can take this request: {decision.reason}",
@@ -323,7 +324,7 @@ class Proxy:
             if backend is None:
                 tried.add(decision.backend.id)
                 continue
-            gw.metrics.decisions.labels(pipeline.name, backend.id).inc()
+            series(gw.metrics.decisions, pipeline.name, backend.id).inc()
             tried.add(backend.id)
             score, length = decision.predicted or (0.0, 0.0)
             entry = InflightEntry(
@@ -334,7 +335,7 @@ class Proxy:
                 token_target=decision.token_target,
             )
             if decision.predicted is not None:
-                gw.metrics.qos_score.labels(backend.id).observe(score)
+                series(gw.metrics.qos_score, backend.id).observe(score)
             gw.pool.dispatched(backend, info.block_hashes, entry)
             if on_dispatch is not None:
                 on_dispatch(backend)
@@ -347,14 +348,14 @@ class Proxy:
                     on_release(backend)
                 if gw.pool.failed(backend):
                     log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
-                gw.metrics.retries.labels(backend.id, exc.reason).inc()
+                series(gw.metrics.retries, backend.id, exc.reason).inc()
                 last = exc
                 continue
             except asyncio.CancelledError:  # the client left
                 gw.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)
-                gw.metrics.requests.labels(model, backend.id, "499").inc()
+                series(gw.metrics.requests, model, backend.id, "499").inc()
                 raise
             up.entry = entry
             return up, t_sent
@@ -420,7 +421,7 @@ class Proxy:
                 else None
             )
             if estimate is not None:
-                gw.metrics.kv_estimate.labels(tier).observe(estimate)
+                series(gw.metrics.kv_estimate, tier).observe(estimate)
             gw.transfer_started(
                 prefill.id,
                 tier,
@@ -454,9 +455,9 @@ class Proxy:
         t_first = time.perf_counter()
         released(up.backend)  # the decode side's first bytes: the KV cache has landed
         tier = tiers[up.backend.id]
-        gw.metrics.pd_requests.labels(prefill.id, up.backend.id, tier).inc()
-        gw.metrics.pd_ttft.labels(tier).observe(t_first - t0)
-        gw.metrics.pd_decode_wait.labels(tier).observe(t_first - t_sent)
+        series(gw.metrics.pd_requests, prefill.id, up.backend.id, tier).inc()
+        series(gw.metrics.pd_ttft, tier).observe(t_first - t0)
+        series(gw.metrics.pd_decode_wait, tier).observe(t_first - t_sent)
         return self._respond(up, model, rid, t0, t_sent, t_first, info.stream, prefill_wait)
 
     def _upstream_headers(
@@ -555,7 +556,7 @@ class Proxy:
                 tokens = int(found.group(1)) if found else 0
             self._finished(up, model, str(status), t0, tokens)
             return _Raw(status, headers, up.first)
-        gw.metrics.ttft.labels(model, b.id).observe(t_back - t0)
+        series(gw.metrics.ttft, model, b.id).observe(t_back - t0)
         relay = self._relay(up, model, t0, t_back)
         return RelayResponse(status, headers, relay, up.response.ended)
 
@@ -565,7 +566,7 @@ class Proxy:
         gw = self.gw
         b = up.backend
         status = str(up.response.status)
-        itl = gw.metrics.itl.labels(model, b.id)
+        itl = series(gw.metrics.itl, model, b.id)
         last = t_first
         response = up.response
         clean = False
@@ -613,17 +614,17 @@ class Proxy:
         b = up.backend
         elapsed = time.perf_counter() - t0
         gw.pool.finished(b, up.entry)
-        gw.metrics.requests.labels(model, b.id, status).inc()
-        gw.metrics.e2e.labels(model, b.id).observe(elapsed)
+        series(gw.metrics.requests, model, b.id, status).inc()
+        series(gw.metrics.e2e, model, b.id).observe(elapsed)
         target = up.entry.token_target if up.entry is not None else None
         if target is None or status == "499":
             return
         if status != "200" or tokens <= 0:
-            gw.metrics.qos_requests.labels("failed").inc()
+            series(gw.metrics.qos_requests, "failed").inc()
             return
         per_token = elapsed / tokens
         gw.metrics.qos_token_latency.observe(per_token)
-        gw.metrics.qos_requests.labels("met" if per_token <= target else "missed").inc()
+        series(gw.metrics.qos_requests, "met" if per_token <= target else "missed").inc()
 
 
 class _Raw(Response):
