@@ -17,9 +17,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = which.add_parser("policies", help="decision time per policy for 8/64/512 backends")
     common(p)
     p.set_defaults(func=lambda a: _policies(a))
-    o = which.add_parser("overhead", help="gateway versus direct against emulated workers")
+    o = which.add_parser("overhead", help="what the gateway adds in front of a fast backend")
     common(o)
-    o.add_argument("--policies", default="least_load,cla,round_robin")
+    o.add_argument(
+        "--policies",
+        default="least_load,cla,netkv_full,qos_drl,least_load@asyncio,least_load@h11",
+        help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
+    )
     o.set_defaults(func=lambda a: _overhead(a))
     n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
     common(n)

@@ -41,8 +41,9 @@ def _content_length(head: bytes) -> int:
 
 
 class Backend(asyncio.Protocol):
-    def __init__(self, model: str) -> None:
-        self.model = model
+    def __init__(self, models: list[str]) -> None:
+        self.models = models
+        self.model = models[0]
         self.buffer = b""
         self.transport: asyncio.WriteTransport | None = None
 
@@ -95,10 +96,8 @@ class Backend(asyncio.Protocol):
                 ),
             )
         if path == b"/v1/models":
-            return _response(
-                "200 OK",
-                orjson.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]}),
-            )
+            data = [{"id": m, "object": "model"} for m in self.models]
+            return _response("200 OK", orjson.dumps({"object": "list", "data": data}))
         if path == b"/health":
             return _response("200 OK", b"{}")
         if path == b"/metrics":
@@ -126,9 +125,9 @@ class Backend(asyncio.Protocol):
         )
 
 
-async def serve(host: str, port: int, model: str) -> None:
+async def serve(host: str, port: int, models: list[str]) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Backend(model), host, port, backlog=1024)
+    server = await loop.create_server(lambda: Backend(models), host, port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -137,11 +136,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8101)
-    p.add_argument("--model", default="instant")
+    p.add_argument("--model", default="instant", help="model names it serves, comma-separated")
     a = p.parse_args()
     from gateway.serving import run
 
-    run(serve(a.host, a.port, a.model))
+    run(serve(a.host, a.port, a.model.split(",")))
 
 
 if __name__ == "__main__":

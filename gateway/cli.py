@@ -93,7 +93,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config, **overrides)
     configure(settings.log_level, settings.json_logs)
     app = create_app(settings)
-    run(serve_apps([Listener(app, settings.host, settings.port)]))
+    run(
+        serve_apps([Listener(app, settings.host, settings.port, settings.http_parser)]),
+        settings.event_loop,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ class Listener:
     app: Any
     host: str
     port: int
+    http: str = "httptools"  # uvicorn's HTTP implementation: httptools or h11
 
 
 def make_server(
@@ -39,6 +40,7 @@ def make_server(
         proxy_headers=False,
         server_header=False,
         loop="none",
+        http=listener.http,
         lifespan="on",
         timeout_graceful_shutdown=graceful_seconds,
     )
@@ -59,11 +61,13 @@ async def serve_apps(listeners: Sequence[Listener], log_level: str = "warning") 
     await asyncio.gather(*(s.serve() for s in servers))
 
 
-def run(coro: Any) -> None:
-    """Run on uvloop when it is installed, else on asyncio's default loop."""
+def run(coro: Any, loop: str = "uvloop") -> None:
+    """Run on uvloop when it is installed (and `loop` asks for it), else on asyncio's."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(coro)
-    else:
+        loop = "asyncio"
+    if loop == "uvloop":
         uvloop.run(coro)
+    else:
+        asyncio.run(coro)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -175,6 +175,9 @@ class Settings(BaseSettings):
     prefix_cache_entries: int = Field(default=20000, ge=1)  # block hashes kept per backend
     log_level: str = "INFO"
     json_logs: bool = True
+    # Measured in `edgeroute bench overhead --variants`; the defaults are the faster.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    http_parser: Literal["httptools", "h11"] = "httptools"
 
 
 def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
