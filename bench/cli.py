@@ -52,6 +52,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="also compare through the real gateway with 6 emulated workers",
     )
     q.set_defaults(func=lambda a: _qos(a))
+    g = which.add_parser(
+        "growth", help="decision time and memory against backends, in-flight and replicas"
+    )
+    common(g)
+    g.set_defaults(func=lambda a: _growth(a))
+    ov = which.add_parser("overload", help="goodput and sheds from 1/4 to 4x capacity")
+    common(ov)
+    ov.set_defaults(func=lambda a: _overload(a))
+    so = which.add_parser("soak", help="mixed streaming traffic for a long while (not in CI)")
+    common(so)
+    so.add_argument("--minutes", type=float, default=10.0)
+    so.set_defaults(func=lambda a: _soak(a))
     pe = which.add_parser(
         "peers", help="beside nginx, vllm-router, sglang-router, LiteLLM (shared/bench-peers)"
     )
@@ -108,6 +120,24 @@ def _qos(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)
+
+
+def _growth(a: argparse.Namespace) -> None:
+    from bench.growth import main
+
+    main(a.quick, a.json)
+
+
+def _overload(a: argparse.Namespace) -> None:
+    from bench.overload import main
+
+    main(a.quick, a.json)
+
+
+def _soak(a: argparse.Namespace) -> None:
+    from bench.soak import main
+
+    main(a.quick, a.minutes, a.json)
 
 
 def _peers(a: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -58,9 +59,10 @@ class Conn:
 
 @dataclass
 class Run:
-    latencies: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # of 200 responses
     first_bytes: list[float] = field(default_factory=list)
-    errors: int = 0
+    errors: int = 0  # responses other than 200
+    statuses: Counter[int] = field(default_factory=Counter)
     seconds: float = 0.0
 
     @property
@@ -82,6 +84,7 @@ async def closed_loop(
         while (now := time.perf_counter()) < stop_at:
             status, first, total = await conn.request(raw)
             if now >= measure_from:
+                run.statuses[status] += 1
                 if status == 200:
                     run.latencies.append(total)
                     run.first_bytes.append(first)

@@ -30,12 +30,12 @@ MODELS = "instant,llama-2-70b-chat"
 LOAD_CPU, GATEWAY_CPU = 0, 1
 
 
-def _pin(cpu: int) -> None:
+def pin(cpu: int) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
         os.sched_setaffinity(0, {cpu})
 
 
-def _wait(url: str, timeout: float = 30.0) -> None:
+def wait_ready(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -48,18 +48,21 @@ def _wait(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
+def spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: _pin(cpu),
+        preexec_fn=lambda: pin(cpu),
     )
 
 
-def start_gateway(port: int, backends: list[str], target: str) -> subprocess.Popen[bytes]:
+def start_gateway(
+    port: int, backends: list[str], target: str, **settings: Any
+) -> subprocess.Popen[bytes]:
     """`target` is a policy name, optionally with `@asyncio` or `@h11` for the event
-    loop or HTTP parser to measure instead of uvloop and httptools."""
+    loop or HTTP parser to measure instead of uvloop and httptools; `settings` override
+    the gateway's."""
     policy, _, variant = target.partition("@")
     cfg: dict[str, Any] = {
         "port": port,
@@ -67,6 +70,7 @@ def start_gateway(port: int, backends: list[str], target: str) -> subprocess.Pop
         "routing": {"default": {"policy": policy}},
         "log_level": "WARNING",
         "max_inflight": 0,
+        **settings,
     }
     if policy.startswith("netkv"):
         # NetKV's preset picks decode instances; here it scores the plain route (its
@@ -80,8 +84,8 @@ def start_gateway(port: int, backends: list[str], target: str) -> subprocess.Pop
         raise ValueError(f"unknown variant {variant!r} (asyncio or h11)")
     path = Path(tempfile.mkstemp(suffix=".yaml")[1])
     path.write_text(yaml.safe_dump(cfg))
-    proc = _spawn(["serve", "--config", str(path)], GATEWAY_CPU)
-    _wait(f"http://127.0.0.1:{port}/readyz")
+    proc = spawn(["serve", "--config", str(path)], GATEWAY_CPU)
+    wait_ready(f"http://127.0.0.1:{port}/readyz")
     return proc
 
 
@@ -120,7 +124,7 @@ async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float
 
 
 def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> None:
-    _pin(LOAD_CPU)
+    pin(LOAD_CPU)
     rounds, seconds = (1, 2.0) if quick else (3, 8.0)
     worker_port, gw_port = 18601, 18600
     ports = (worker_port, worker_port + 1)
@@ -128,7 +132,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         subprocess.Popen(
             # The second name maps the backend to an expert the QoS predictor knows.
             [sys.executable, "-m", "bench.fast_backend", "--port", str(p), "--model", MODELS],
-            preexec_fn=lambda: _pin(LOAD_CPU),
+            preexec_fn=lambda: pin(LOAD_CPU),
         )
         for p in ports
     ]
@@ -137,7 +141,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
     samples.update({p: [] for p in policies})
     try:
         for b in backends:
-            _wait(b + "/health")
+            wait_ready(b + "/health")
         for r in range(rounds):
             order = ["direct", *policies]
             if r % 2:

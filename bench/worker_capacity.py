@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from bench.loadgen import Conn, post
-from bench.overhead import _pin, _wait
+from bench.overhead import pin, wait_ready
 from bench.results_io import write
 from workers.engine import Sequence, replay
 from workers.profiles import PROFILES
@@ -72,7 +72,7 @@ def predicted_itl(n: int) -> float:
 def main(quick: bool, seed: int, json_path: str | None) -> None:
     levels = [16, 64, 256] if quick else [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024]
     port = 18650
-    _pin(1)
+    pin(1)
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -94,11 +94,11 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: _pin(0),
+        preexec_fn=lambda: pin(0),
     )
     rows: list[dict[str, Any]] = []
     try:
-        _wait(f"http://127.0.0.1:{port}/health")
+        wait_ready(f"http://127.0.0.1:{port}/health")
         asyncio.run(stream_itls(port, 4))  # warm-up
         for n in levels:
             itls = asyncio.run(stream_itls(port, n))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.logs import configure
-from gateway.serving import Listener, run, serve_apps
+from gateway.serving import Listener, run, serve_apps, serve_processes
 from gateway.settings import BackendConfig, load_settings
 
 if TYPE_CHECKING:
@@ -92,6 +92,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         overrides["backends"] = [BackendConfig(url=u) for u in args.backend]
     settings = load_settings(args.config, **overrides)
     configure(settings.log_level, settings.json_logs)
+    if settings.processes > 1:
+        serve_processes(create_app, settings, settings.processes)
+        return
     app = create_app(settings)
     run(
         serve_apps([Listener(app, settings.host, settings.port, settings.http_parser)]),

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
-from gateway.auth import require_admin
 from gateway.errors import GatewayError
 from gateway.store import CONFIG_ORACLE, ORACLE_FIELD, StoreUnavailable
 from oracle.state import LinkSample, OracleState
@@ -44,10 +43,7 @@ def _invalid(exc: ValidationError) -> GatewayError:
 
 
 def oracle_router(gw: Gateway) -> APIRouter:
-    def auth(request: Request) -> None:
-        require_admin(request.headers.get("authorization"), gw.settings.admin_token)
-
-    r = APIRouter(prefix="/admin/oracle", dependencies=[Depends(auth)], tags=["oracle"])
+    r = APIRouter(prefix="/admin/oracle", tags=["oracle"])  # GatewayApp checks the token
 
     def current() -> OracleState:
         return gw.oracle if gw.oracle is not None else OracleState()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import Generator, Sequence
+import socket
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ class Listener:
     host: str
     port: int
     http: str = "httptools"  # uvicorn's HTTP implementation: httptools or h11
+    sock: socket.socket | None = None  # an already listening socket (shared by processes)
 
 
 def make_server(
@@ -58,7 +61,8 @@ async def serve_apps(listeners: Sequence[Listener], log_level: str = "warning") 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop)
-    await asyncio.gather(*(s.serve() for s in servers))
+    serving = zip(servers, listeners, strict=True)
+    await asyncio.gather(*(s.serve(sockets=[lst.sock] if lst.sock else None) for s, lst in serving))
 
 
 def run(coro: Any, loop: str = "uvloop") -> None:
@@ -71,3 +75,44 @@ def run(coro: Any, loop: str = "uvloop") -> None:
         uvloop.run(coro)
     else:
         asyncio.run(coro)
+
+
+def serve_processes(make_app: Callable[[Any], Any], settings: Any, processes: int) -> None:
+    """`processes` gateway processes accepting on one listening socket, each a replica
+    of its own, sharing the store (an embedded one is started here for all of them)."""
+    from gateway.store import EmbeddedStore
+
+    store = None
+    if settings.redis_url is None:
+        store = EmbeddedStore()
+        store.start()
+        settings = settings.model_copy(update={"redis_url": store.url})
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    children = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:  # a replica: its own app, loop and replica id
+            listener = Listener(
+                make_app(settings), settings.host, settings.port, settings.http_parser, sock
+            )
+            run(serve_apps([listener]), settings.event_loop)
+            os._exit(0)
+        children.append(pid)
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        for child in children:
+            os.waitpid(child, 0)
+    finally:
+        sock.close()
+        if store is not None:
+            store.stop()

@@ -177,6 +177,8 @@ class Settings(BaseSettings):
     json_logs: bool = True
     # Measured in `edgeroute bench overhead --variants`; the defaults are the faster.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Gateway processes on the port, each a replica sharing the store (one core each).
+    processes: int = Field(default=1, ge=1, le=64)
     http_parser: Literal["httptools", "h11"] = "httptools"
 
 

@@ -31,9 +31,12 @@ def test_a_policy_target_starts_the_gateway_in_front_of_the_harness_backends(
         "RUN_DIR": str(tmp_path),
     }
     # As run_all.sh starts a target: source the file, then target_start (which execs).
+    log = (tmp_path / "gateway.log").open("w")
     gateway = subprocess.Popen(
         ["bash", "-c", 'source "$1"; target_start', "_", str(first)],
         env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -45,7 +48,10 @@ def test_a_policy_target_starts_the_gateway_in_front_of_the_harness_backends(
             except httpx.HTTPError:
                 return False
 
-        wait_until(ready, timeout=30)
+        try:
+            wait_until(ready, timeout=30)
+        except AssertionError:
+            raise AssertionError((tmp_path / "gateway.log").read_text()) from None
         seen = set()
         for _ in range(4):
             r = httpx.post(
