@@ -19,6 +19,7 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from bench.results_io import write
@@ -42,16 +43,17 @@ def _pool(n: int, track: bool = False) -> BackendPool:
     return pool
 
 
+_TEMPLATE = RequestInfo(
+    model=MODEL,
+    prompt_tokens=len(PROMPT) // 4,
+    block_hashes=block_hashes(PROMPT, 64),  # hashed once: the proxy's cost, not the policy's
+    now=time.monotonic(),
+    prompt=PROMPT,
+)
+
+
 def _request(seq: int) -> RequestInfo:
-    return RequestInfo(
-        model=MODEL,
-        prompt_tokens=len(PROMPT) // 4,
-        block_hashes=block_hashes(PROMPT, 64),
-        seq=seq,
-        entropy=seq * 2654435761 % (1 << 63),
-        now=time.monotonic(),
-        prompt=PROMPT,
-    )
+    return replace(_TEMPLATE, seq=seq, entropy=seq * 2654435761 % (1 << 63))
 
 
 def _median_us(fn: Callable[[int], object], calls: int, runs: int = 5) -> float:
@@ -191,8 +193,8 @@ def main(quick: bool, json_path: str | None) -> None:
         json_path,
         quick=quick,
         notes=(
-            "`decision_us`: for backends, one decision on the pool's view (2k-token prompt "
-            "with its block hashes); for in-flight, one dispatch, one completion and one "
+            "`decision_us`: for backends, one decision on the pool's view (a 480-token prompt "
+            "with its block hashes, computed beforehand as the proxy does); for in-flight, one dispatch, one completion and one "
             "decision on the updated view; for replicas, one store sync (publish own "
             "counts, read all others'), which runs every `sync_interval` off the request "
             "path. `memory_kb`: what tracemalloc saw the pool (backends) or the in-flight "

@@ -46,7 +46,7 @@ def decode(layer_miss: float, kv_period: int | None, tokens: int, seed: int) -> 
 
 
 def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
-    prompts, tokens = (1, 12) if quick else (4, 64)
+    prompts, tokens = (1, 12) if quick else (16, 64)
     decode_tokens = 50 if quick else 400
     model = TinyMoE()
     runs: dict[tuple[str, str], ShadowResult] = {}
