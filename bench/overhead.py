@@ -10,6 +10,7 @@ medians over rounds. Non-streaming requests of 16 tokens; TTFT with 8 streams.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,34 @@ def start_gateway(
     proc = spawn(["serve", "--config", str(path)], GATEWAY_CPU)
     wait_ready(f"http://127.0.0.1:{port}/readyz")
     return proc
+
+
+@contextlib.contextmanager
+def emulated_pool(
+    count: int,
+    port: int,
+    worker_args: list[str],
+    policy: str,
+    **settings: Any,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`count` emulated workers (one process, on the load side's CPU, from `port` + 1)
+    behind a gateway on `port` (on its own CPU); yields the gateway's process."""
+    first = port + 1
+    args = ["worker", "--count", str(count), "--port", str(first), "--log-level", "WARNING"]
+    workers = spawn(args + worker_args, LOAD_CPU)
+    backends = [f"http://127.0.0.1:{first + i}" for i in range(count)]
+    try:
+        for b in backends:
+            wait_ready(b + "/health")
+        gw = start_gateway(port, backends, policy, **settings)
+        try:
+            yield gw
+        finally:
+            gw.terminate()
+            gw.wait(10)
+    finally:
+        workers.terminate()
+        workers.wait(10)
 
 
 def decision_seconds(port: int) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import closed_loop, percentile, post
-from bench.overhead import GATEWAY_CPU, LOAD_CPU, pin, spawn, start_gateway, wait_ready
+from bench.overhead import LOAD_CPU, emulated_pool, pin
 from bench.results_io import RESULTS, write
 
 CAPACITY = 16  # the gateway's max_inflight: what the two workers run without queueing
@@ -62,51 +62,25 @@ def main(quick: bool, json_path: str | None) -> None:
     pin(LOAD_CPU)
     levels = [8, 32] if quick else [4, 8, 16, 32, 64]
     seconds = 2.0 if quick else 8.0
-    worker_port, gw_port = 18651, 18650
-    workers = spawn(
-        [
-            "worker",
-            "--count",
-            "2",
-            "--port",
-            str(worker_port),
-            "--speedup",
-            "10",
-            "--log-level",
-            "WARNING",
-        ],
-        LOAD_CPU,
-    )
-    backends = [f"http://127.0.0.1:{worker_port + i}" for i in range(2)]
+    port = 18650
     rows: list[dict[str, Any]] = []
-    try:
-        for b in backends:
-            wait_ready(b + "/health")
-        gw = start_gateway(gw_port, backends, "least_load", max_inflight=CAPACITY)
-        assert GATEWAY_CPU != LOAD_CPU
-        try:
-            raw = post("/v1/chat/completions", BODY)
-            for c in levels:
-                run = asyncio.run(closed_loop("127.0.0.1", gw_port, raw, c, seconds))
-                other = sum(n for s, n in run.statuses.items() if s not in (200, 429))
-                rows.append(
-                    {
-                        "offered_concurrency": c,
-                        "goodput_rps": round(run.statuses[200] / run.seconds, 1),
-                        "shed_rps": round(run.statuses[429] / run.seconds, 1),
-                        "other_statuses": other,
-                        "admitted_p50_ms": round(percentile(run.latencies, 50) * 1e3, 1),
-                        "admitted_p99_ms": round(percentile(run.latencies, 99) * 1e3, 1),
-                        "gateway_rss_mb": round(rss_mb(gw.pid), 1),
-                    }
-                )
-                print(rows[-1], flush=True)
-        finally:
-            gw.terminate()
-            gw.wait(10)
-    finally:
-        workers.terminate()
-        workers.wait(10)
+    with emulated_pool(2, port, ["--speedup", "10"], "least_load", max_inflight=CAPACITY) as gw:
+        raw = post("/v1/chat/completions", BODY)
+        for c in levels:
+            run = asyncio.run(closed_loop("127.0.0.1", port, raw, c, seconds))
+            other = sum(n for s, n in run.statuses.items() if s not in (200, 429))
+            rows.append(
+                {
+                    "offered_concurrency": c,
+                    "goodput_rps": round(run.statuses[200] / run.seconds, 1),
+                    "shed_rps": round(run.statuses[429] / run.seconds, 1),
+                    "other_statuses": other,
+                    "admitted_p50_ms": round(percentile(run.latencies, 50) * 1e3, 1),
+                    "admitted_p99_ms": round(percentile(run.latencies, 99) * 1e3, 1),
+                    "gateway_rss_mb": round(rss_mb(gw.pid), 1),
+                }
+            )
+            print(rows[-1], flush=True)
     below = [r["admitted_p50_ms"] for r in rows if r["offered_concurrency"] <= CAPACITY]
     notes = (
         f"In-flight limit {CAPACITY}; closed-loop clients retry a 429 at once. "

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.overhead import LOAD_CPU, pin, spawn, start_gateway, wait_ready
+from bench.overhead import LOAD_CPU, emulated_pool, pin
 from bench.overload import rss_mb
 from bench.results_io import RESULTS, write
 
@@ -106,36 +106,10 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
 def main(quick: bool, minutes: float, json_path: str | None) -> None:
     pin(LOAD_CPU)
     seconds = 30.0 if quick else minutes * 60
-    worker_port, gw_port = 18671, 18670
-    workers = spawn(
-        [
-            "worker",
-            "--count",
-            "4",
-            "--port",
-            str(worker_port),
-            "--speedup",
-            "20",
-            "--served-model-name",
-            "edge",
-            "--log-level",
-            "WARNING",
-        ],
-        LOAD_CPU,
-    )
-    backends = [f"http://127.0.0.1:{worker_port + i}" for i in range(4)]
-    try:
-        for b in backends:
-            wait_ready(b + "/health")
-        gw = start_gateway(gw_port, backends, "cla")
-        try:
-            samples = asyncio.run(_drive(f"http://127.0.0.1:{gw_port}", gw.pid, seconds, 24))
-        finally:
-            gw.terminate()
-            gw.wait(10)
-    finally:
-        workers.terminate()
-        workers.wait(10)
+    port = 18670
+    worker_args = ["--speedup", "20", "--served-model-name", "edge"]
+    with emulated_pool(4, port, worker_args, "cla") as gw:
+        samples = asyncio.run(_drive(f"http://127.0.0.1:{port}", gw.pid, seconds, 24))
     warm = samples[min(1, len(samples) - 1)]  # after the first interval's warm-up
     last = samples[-1]
     errors = {k: v for k, v in last.items() if k not in ("t_s", "rss_mb", "fds", "ok", "abandoned")}
