@@ -150,7 +150,8 @@ class BackendPool:
                         requests=self._requests_of(b),
                     )
             self._dirty.clear()
-            self._view = replace(self._view, backends=tuple(views))
+            # Only load moved: the per-model filter verdicts still hold.
+            self._view = replace(self._view, backends=tuple(views)).carry_memo(self._view)
         return self._view
 
     def _view_of(self, b: Backend, now: float) -> BackendView:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from policies.types import BackendView, ClusterView, RequestInfo
 
@@ -12,6 +13,7 @@ class Healthy:
     """Circuit closed (or probing) and not draining."""
 
     name: str = "healthy"
+    per_model: ClassVar[bool] = True
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return backend.healthy
@@ -20,6 +22,7 @@ class Healthy:
 @dataclass(frozen=True)
 class ServesModel:
     name: str = "serves_model"
+    per_model: ClassVar[bool] = True
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return req.model in backend.models
@@ -31,6 +34,7 @@ class Role:
 
     role: str = "both"
     name: str = "role"
+    per_model: ClassVar[bool] = True
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return backend.role == self.role
@@ -42,6 +46,7 @@ class MemoryFeasible:
 
     max_kv_usage: float = 0.98
     name: str = "memory_feasible"
+    per_model: ClassVar[bool] = False  # reads KV use, which each scrape changes
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return backend.stats_age > view.stale_after or backend.kv_usage <= self.max_kv_usage

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from oracle.cost import transfer_seconds
 from policies.types import BackendView, ClusterView, RequestInfo
@@ -81,6 +82,7 @@ class KVFeasible:
 
     reserve_tokens: int = 2048
     name: str = "kv_feasible"
+    per_model: ClassVar[bool] = False  # depends on the prompt's length and KV use
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         if backend.kv_capacity_tokens <= 0 or backend.stats_age > view.stale_after:

@@ -94,6 +94,18 @@ class ClusterView:
     block_tokens: int = 64  # the granularity of RequestInfo.block_hashes
     # Prism: each request class's expert-activation frequencies, [layers, experts].
     expert_stats: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Per-model filter verdicts, worked out on first use (see policies.pipeline.Filter).
+    # Not an init field, so `replace()` starts an empty one; a snapshot that differs
+    # from its predecessor only in load may take the predecessor's over (`carry_memo`).
+    memo: dict[Any, tuple[int, ...]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def carry_memo(self, previous: ClusterView) -> ClusterView:
+        """Take `previous`'s memo: only for the same backends, in the same order, with
+        the same health and configuration."""
+        object.__setattr__(self, "memo", previous.memo)
+        return self
 
 
 @dataclass(frozen=True, slots=True)

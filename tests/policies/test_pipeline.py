@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
@@ -65,6 +66,24 @@ def test_no_candidate_is_a_rejection_with_the_filter_named() -> None:
         req(), view(backend(0, healthy=False))
     )
     assert d.rejected and "healthy" in d.reason
+
+
+def test_per_model_verdicts_are_remembered_per_snapshot_and_never_outlive_it() -> None:
+    pipeline = build_pipeline(PipelineSpec(policy="random"))
+    v = view(backend(0), backend(1, models=frozenset({"other"})), backend(2))
+    assert pipeline.decide(req(entropy=1), v).backend is not None
+    assert list(v.memo.values()) == [(0, 2)]  # healthy, serves "m", role "both"
+    # A snapshot that differs only in load may carry the verdicts on...
+    busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
+    assert busier.memo == {} and busier.carry_memo(v).memo is v.memo
+    # ...while any other new snapshot starts afresh, so a backend's new health counts.
+    sick = replace(v, backends=(backend(0, healthy=False), *v.backends[1:]))
+    assert sick.memo == {}
+    for e in range(20):
+        assert decide("random", sick, req(entropy=e)) == "b2"
+    assert decide("random", sick, req(model="other")) == "b1"
+    none_left = replace(v, backends=(backend(0, healthy=False),))
+    assert "healthy" in pipeline.decide(req(), none_left).reason
 
 
 def test_least_load_counts_engine_queue_and_gateway_inflight() -> None:
