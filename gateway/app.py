@@ -412,7 +412,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
         # Everything alive now lives as long as the process: keep it out of the
-        # collector's full passes, which otherwise stall requests for milliseconds.
+        # collector's full passes, which otherwise stall requests now and then.
         gc.collect()
         gc.freeze()
         yield
