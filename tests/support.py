@@ -58,6 +58,40 @@ def sample(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def hold_streams(
+    url: str,
+    model: str,
+    n: int,
+    stop: threading.Event,
+    max_tokens: int = 400,
+    content: str = "long",
+    timeout: float = 30.0,
+) -> list[threading.Thread]:
+    """`n` streamed chat requests through `url`, each held open until `stop` is set."""
+
+    def hold() -> None:
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            timeout=timeout,
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens,
+                "stream": True,
+            },
+        ) as r:
+            assert r.status_code == 200
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=hold) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 class ServerThread:
     """uvicorn servers in one background event loop."""
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.gateway.test_oracle_api import TOPOLOGY
-from tests.support import GatewayProcess, RedisProcess, WorkerProcess, wait_until
+from tests.support import GatewayProcess, RedisProcess, WorkerProcess, hold_streams, wait_until
 
 TOKEN = {"authorization": "Bearer multi-replica-token"}
 MODEL = "mistral-7b-chat"
@@ -72,26 +72,7 @@ def test_load_through_one_replica_steers_the_other(
         assert httpx.post(r1.url + f"/admin/backends/{name}/drain", headers=TOKEN).is_success
     wait_until(lambda: all(backends(r2)[n]["draining"] for n in "cd"), timeout=5)
     stop = threading.Event()
-
-    def hold() -> None:
-        with httpx.stream(
-            "POST",
-            r1.url + "/v1/chat/completions",
-            timeout=60,
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "long"}],
-                "max_tokens": 2000,
-                "stream": True,
-            },
-        ) as r:
-            for _ in r.iter_lines():
-                if stop.is_set():
-                    return
-
-    threads = [threading.Thread(target=hold) for _ in range(6)]
-    for t in threads:
-        t.start()
+    threads = hold_streams(r1.url, MODEL, 6, stop, max_tokens=2000, timeout=60)
     try:
         wait_until(lambda: sum(b["inflight"] for b in backends(r1).values()) == 6, timeout=10)
         for name in "cd":

@@ -19,7 +19,7 @@ import torch
 from qos.export import export_actor
 from qos.model import QoSNet
 from qos.predictors import train_predictor
-from tests.support import DATA_DIR, sample, wait_until
+from tests.support import DATA_DIR, hold_streams, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -64,27 +64,7 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
     url, gw = start(start_worker, start_gateway, models["route"])
     assert gw.pool.track_requests
     stop = threading.Event()
-
-    def stream() -> None:
-        with httpx.stream(
-            "POST",
-            url + "/v1/chat/completions",
-            timeout=30,
-            json={
-                "model": MODEL,
-                "stream": True,
-                "max_tokens": 200,
-                "messages": [{"role": "user", "content": "Write a long story."}],
-            },
-        ) as r:
-            assert r.status_code == 200
-            for _ in r.iter_lines():
-                if stop.is_set():
-                    return
-
-    threads = [threading.Thread(target=stream) for _ in range(3)]
-    for t in threads:
-        t.start()
+    threads = hold_streams(url, MODEL, 3, stop, max_tokens=200, content="Write a long story.")
     try:
         # The view carries the gateway's in-flight requests with their streamed progress.
         wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 3)

@@ -10,34 +10,11 @@ from typing import Any
 
 import httpx
 
-from tests.support import RedisProcess, wait_until
+from tests.support import RedisProcess, hold_streams, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "mistral-7b-chat"
-
-
-def hold_streams(url: str, n: int, stop: threading.Event) -> list[threading.Thread]:
-    def hold() -> None:
-        with httpx.stream(
-            "POST",
-            url + "/v1/chat/completions",
-            timeout=30,
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "long"}],
-                "max_tokens": 400,
-                "stream": True,
-            },
-        ) as r:
-            for _ in r.iter_lines():
-                if stop.is_set():
-                    return
-
-    threads = [threading.Thread(target=hold) for _ in range(n)]
-    for t in threads:
-        t.start()
-    return threads
 
 
 def test_two_replicas_see_each_others_inflight_load(
@@ -57,7 +34,7 @@ def test_two_replicas_see_each_others_inflight_load(
     stop = threading.Event()
     # Four long streams through replica 1, all pinned to backend a by draining b.
     httpx.post(url1 + "/admin/backends/b/drain", headers=TOKEN)
-    threads = hold_streams(url1, 4, stop)
+    threads = hold_streams(url1, MODEL, 4, stop)
     try:
         wait_until(lambda: gw1.pool.get("a").inflight == 4)
         httpx.post(url1 + "/admin/backends/b/undrain", headers=TOKEN)
