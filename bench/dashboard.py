@@ -35,6 +35,7 @@ import httpx
 import yaml
 from pydantic import SecretStr
 
+from bench.overhead import wait_ready
 from bench.results_io import RESULTS, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,18 +145,6 @@ def _gateway_config(backends: list[dict[str, Any]], port: int) -> dict[str, Any]
             }
         },
     }
-
-
-def _wait(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
 
 
 def _request(rng: random.Random) -> tuple[dict[str, Any], dict[str, str]]:
@@ -338,7 +327,7 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
         procs.append(workers)
         try:
             for b in backends:
-                _wait(b["url"] + "/health")
+                wait_ready(b["url"] + "/health", 60.0)
             (Path(tmp) / "gateway.yaml").write_text(
                 yaml.safe_dump(_gateway_config(backends, gw_port))
             )
@@ -360,7 +349,7 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
                     stdout=subprocess.DEVNULL,
                 )
             )
-            _wait(gateway + "/readyz")
+            wait_ready(gateway + "/readyz", 60.0)
             scrape = {
                 "global": {"scrape_interval": "1s"},
                 "scrape_configs": [
@@ -383,7 +372,7 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
                     stderr=subprocess.DEVNULL,
                 )
             )
-            _wait(prom + "/-/ready")
+            wait_ready(prom + "/-/ready", 60.0)
             print(f"gateway {gateway}, Prometheus {prom}; {seconds:.0f} s of traffic", flush=True)
             start = time.time()
             fault_url = next(b["url"] for b in backends if b["id"] == "worker-2")
