@@ -361,7 +361,9 @@ class GatewayApp(FastAPI):
     proxy: they skip routing, dependency solving and the middleware stack, which cost
     more than the rest of the request path. FastAPI still documents them."""
 
-    gateway: Gateway
+    @property
+    def gateway(self) -> Gateway:
+        return self.state.gateway  # type: ignore[no-any-return]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -389,9 +391,7 @@ class GatewayApp(FastAPI):
         try:
             try:
                 response = await self.gateway.proxy.handle(Request(scope, receive), chat, watch)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # not CancelledError, a BaseException: that is handled below
                 log.exception("unexpected error on the proxy path")
                 response = GatewayError(500, "internal gateway error").response()
             await response(scope, receive, send)
@@ -421,7 +421,6 @@ def create_app(settings: Settings) -> FastAPI:
     app = GatewayApp(
         title="edgeroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None
     )
-    app.gateway = gw
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)
