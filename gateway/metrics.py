@@ -191,8 +191,8 @@ class GatewayMetrics:
 
         self.qos_requests = Counter(
             "edgeroute_qos_requests",
-            "Requests the QoS policy handled, by whether they met its per-token latency "
-            "target (met, missed) or were shed.",
+            "Requests the QoS policy handled, by outcome: met or missed its per-token "
+            "latency target, failed, or shed.",
             ["outcome"],
             registry=r,
         )

@@ -102,7 +102,7 @@ class Pipeline:
         for f in rest:
             candidates = [b for b in candidates if f.keep(req, view, b)]
             if not candidates:
-                return Decision(None, reason=f"no backend passed the '{f.name}' filter")
+                return self._rejected(req, view)
         if len(self.scorers) == 1 and self.scorers[0][1] == 1.0:
             total = self.scorers[0][0].score(req, view, candidates)
         else:
