@@ -5,7 +5,7 @@ The gateway and every simulator call the very same objects.
 
 from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
 from policies.registry import PRESETS, PipelineSpec, build_pipeline, build_policy
-from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role, queue_depth
+from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role
 
 __all__ = [
     "PRESETS",
@@ -22,5 +22,4 @@ __all__ = [
     "Scorer",
     "build_pipeline",
     "build_policy",
-    "queue_depth",
 ]

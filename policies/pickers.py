@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.scorers import mix64
-from policies.types import BackendView, RequestInfo
+from policies.types import BackendView, ClusterView, RequestInfo
 
 
 @dataclass(frozen=True)
@@ -17,11 +17,19 @@ class Argmax:
     name: str = "argmax"
 
     def pick(
-        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+        self,
+        req: RequestInfo,
+        view: ClusterView,
+        candidates: Sequence[BackendView],
+        scores: Sequence[float],
     ) -> BackendView:
-        best = max(scores)
-        floor = best - self.tie_epsilon
-        near = [i for i, s in enumerate(scores) if s >= floor]
+        if len(scores) <= 1:  # no scores (no scorers): every candidate is equal
+            return candidates[req.entropy % len(candidates)]
+        floor = max(scores) - self.tie_epsilon
+        near = []
+        for i, s in enumerate(scores):
+            if s >= floor:
+                near.append(i)
         return candidates[near[req.entropy % len(near)]]
 
 
@@ -32,12 +40,16 @@ class PowerOfTwo:
     name: str = "power_of_two"
 
     def pick(
-        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+        self,
+        req: RequestInfo,
+        view: ClusterView,
+        candidates: Sequence[BackendView],
+        scores: Sequence[float],
     ) -> BackendView:
         n = len(candidates)
-        if n == 1:
-            return candidates[0]
         a = req.entropy % n
+        if n == 1 or not scores:  # no scores (no scorers): every candidate is equal
+            return candidates[a]
         b = (a + 1 + mix64(req.entropy) % (n - 1)) % n
         return candidates[a] if scores[a] >= scores[b] else candidates[b]
 
@@ -47,7 +59,11 @@ class RoundRobin:
     name: str = "round_robin"
 
     def pick(
-        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+        self,
+        req: RequestInfo,
+        view: ClusterView,
+        candidates: Sequence[BackendView],
+        scores: Sequence[float],
     ) -> BackendView:
         return candidates[req.seq % len(candidates)]
 
@@ -57,6 +73,10 @@ class Random:
     name: str = "random"
 
     def pick(
-        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+        self,
+        req: RequestInfo,
+        view: ClusterView,
+        candidates: Sequence[BackendView],
+        scores: Sequence[float],
     ) -> BackendView:
         return candidates[req.entropy % len(candidates)]

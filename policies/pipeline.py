@@ -5,10 +5,9 @@ Every stage is a pure, synchronous function of the request and the snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
@@ -45,6 +44,7 @@ class Picker(Protocol):
     def pick(
         self,
         req: RequestInfo,
+        view: ClusterView,
         candidates: Sequence[BackendView],
         scores: Sequence[float],
     ) -> BackendView: ...
@@ -62,55 +62,92 @@ class Policy(Protocol):
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
 
 
+# `Decision(backend)` without NamedTuple's Python-level `__new__`: the decision runs
+# on every request, where one frame less is measurable (see `Pipeline.decide`).
+_tuple_new = tuple.__new__
+_UNEXPLAINED = Decision(None)[1:]  # a choice's other fields: their defaults
+_NO_SCORES: tuple[float, ...] = ()  # a pipeline without scorers: every candidate equal
+
+
+class _Plan(NamedTuple):
+    """How a pipeline runs, worked out once. `decide` unpacks it in one step: reading
+    a NamedTuple's fields by name would look each up on the class, cold, per request.
+    """
+
+    token: object  # the key of this pipeline's per-model verdicts in `ClusterView.memo`
+    per_model: tuple[Filter, ...]  # the leading filters with per-model verdicts
+    rest: tuple[Filter, ...]  # the other filters, run on every request
+    lone: Scorer | None  # the only scorer, when it weighs 1: called directly
+    weighted: tuple[tuple[Scorer, float], ...]  # otherwise, the scorers and weights
+    pick: Callable[[RequestInfo, ClusterView, Sequence[BackendView], Sequence[float]], BackendView]
+
+
 @dataclass(frozen=True)
 class Pipeline:
-    """A configured policy: which backends may serve, how they rank, how one is chosen."""
+    """A configured policy: which backends may serve, how they rank, how one is chosen.
+
+    `decide` runs on every request, where the caches are cold and each Python call or
+    attribute looked up on a class costs a fraction of a microsecond; it is written to
+    make few of either (and on Python 3.11 each comprehension is a call of its own).
+    """
 
     name: str
     filters: tuple[Filter, ...]
     scorers: tuple[tuple[Scorer, float], ...]
     picker: Picker
+    _plan: _Plan = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = 0
+        while n < len(self.filters) and getattr(self.filters[n], "per_model", False):
+            n += 1
+        lone = self.scorers[0][0] if len(self.scorers) == 1 and self.scorers[0][1] == 1.0 else None
+        weighted = () if lone is not None else self.scorers
+        # The token is a plain object: it hashes in C, where the filters' dataclass
+        # `__hash__` would run Python code on every lookup.
+        plan = _Plan(object(), self.filters[:n], self.filters[n:], lone, weighted, self.picker.pick)
+        object.__setattr__(self, "_plan", plan)
 
     @property
     def uses_prefix(self) -> bool:
         """Whether requests need their prompt's block hashes computed."""
         return any(s.name == "prefix_cache" for s, _ in self.scorers)
 
-    @cached_property
-    def _stages(self) -> tuple[tuple[Filter, ...], tuple[Filter, ...]]:
-        """The leading per-model filters, whose verdicts can be remembered, and the rest."""
-        n = 0
-        while n < len(self.filters) and getattr(self.filters[n], "per_model", False):
-            n += 1
-        return self.filters[:n], self.filters[n:]
-
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
-        per_model, rest = self._stages
+        token, per_model, rest, lone, weighted, pick = self._plan
         candidates: Sequence[BackendView] = view.backends
         if per_model:
-            key = (per_model, req.model)
+            key = (token, req.model)
             kept = view.memo.get(key)
             if kept is None:
-                kept = view.memo[key] = tuple(
-                    i
-                    for i, b in enumerate(candidates)
-                    if all(f.keep(req, view, b) for f in per_model)
-                )
-            candidates = [candidates[i] for i in kept]
-            if not candidates:
-                return self._rejected(req, view)
-        for f in rest:
-            candidates = [b for b in candidates if f.keep(req, view, b)]
-            if not candidates:
-                return self._rejected(req, view)
-        if len(self.scorers) == 1 and self.scorers[0][1] == 1.0:
-            total = self.scorers[0][0].score(req, view, candidates)
-        else:
+                kept = view.memo[key] = self._verdicts(per_model, req, view)
+            if len(kept) != len(candidates):
+                if not kept:
+                    return self._rejected(req, view)
+                candidates = [candidates[i] for i in kept]
+        if rest:
+            for f in rest:
+                candidates = [b for b in candidates if f.keep(req, view, b)]
+                if not candidates:
+                    return self._rejected(req, view)
+        total: Sequence[float] = _NO_SCORES
+        if lone is not None:
+            total = lone.score(req, view, candidates)
+        elif weighted:
             total = [0.0] * len(candidates)
-            for scorer, weight in self.scorers:
+            for scorer, weight in weighted:
                 for i, s in enumerate(scorer.score(req, view, candidates)):
                     total[i] += weight * s
-        return Decision(self.picker.pick(req, candidates, total))
+        return _tuple_new(Decision, (pick(req, view, candidates, total), *_UNEXPLAINED))
+
+    @staticmethod
+    def _verdicts(
+        filters: tuple[Filter, ...], req: RequestInfo, view: ClusterView
+    ) -> tuple[int, ...]:
+        """Which backends (by index) every per-model filter keeps."""
+        return tuple(
+            i for i, b in enumerate(view.backends) if all(f.keep(req, view, b) for f in filters)
+        )
 
     def _rejected(self, req: RequestInfo, view: ClusterView) -> Decision:
         """Which filter left no backend, for the client's error message."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.types import BackendView, ClusterView, RequestInfo, queue_depth
+from policies.types import BackendView, ClusterView, RequestInfo
 
 _MASK64 = (1 << 64) - 1
 
@@ -20,7 +20,14 @@ def mix64(x: int) -> int:
 
 @dataclass(frozen=True)
 class Load:
-    """Shortest queue first: 1 / (1 + requests ahead)."""
+    """Shortest queue first: 1 / (1 + requests ahead).
+
+    Requests ahead: the engine's running+waiting counts everything, including other
+    clients' traffic, but is only as fresh as the last scrape; the gateway's in-flight
+    count (summed across replicas) is fresh but misses outside traffic. The larger of
+    the two is the best lower bound; stale engine stats are ignored. One loop, no call
+    per backend: this is the default policy's scorer, run on every request.
+    """
 
     name: str = "load"
 
@@ -28,7 +35,11 @@ class Load:
         self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
     ) -> list[float]:
         stale = view.stale_after
-        return [1.0 / (1.0 + queue_depth(b, stale)) for b in candidates]
+        out = []
+        for b in candidates:
+            engine = b.running + b.waiting if b.stats_age <= stale else 0
+            out.append(1.0 / (1.0 + (engine if engine > b.inflight else b.inflight)))
+        return out
 
 
 @dataclass(frozen=True)

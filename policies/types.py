@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from oracle.topology import Topology
@@ -108,9 +108,11 @@ class ClusterView:
         return self
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A chosen backend, or a rejection with the reason a client will read."""
+class Decision(NamedTuple):
+    """A chosen backend, or a rejection with the reason a client will read.
+
+    A NamedTuple rather than a frozen dataclass: one is built per request, and a
+    tuple is built without a `__setattr__` call per field."""
 
     backend: BackendView | None
     reason: str = ""
@@ -122,15 +124,3 @@ class Decision:
     @property
     def rejected(self) -> bool:
         return self.backend is None
-
-
-def queue_depth(backend: BackendView, stale_after: float) -> int:
-    """Requests ahead of a new one on `backend`.
-
-    The engine's running+waiting counts everything, including other clients'
-    traffic, but is only as fresh as the last scrape; the gateway's in-flight
-    count (summed across replicas) is fresh but misses outside traffic. The
-    larger of the two is the best lower bound; stale engine stats are ignored.
-    """
-    engine = backend.running + backend.waiting if backend.stats_age <= stale_after else 0
-    return max(engine, backend.inflight)

@@ -9,9 +9,16 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
-from policies import BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
+from policies import (
+    BackendView,
+    ClusterView,
+    Decision,
+    PipelineSpec,
+    RequestInfo,
+    build_pipeline,
+)
+from policies.scorers import Load
 from policies.text import block_hashes, stable_hash
-from policies.types import queue_depth
 
 
 def backend(i: int, **kw: object) -> BackendView:
@@ -98,7 +105,7 @@ def test_least_load_counts_engine_queue_and_gateway_inflight() -> None:
 def test_least_load_ignores_stale_engine_stats() -> None:
     stale = backend(0, running=50, stats_age=60.0)
     fresh = backend(1, running=2)
-    assert queue_depth(stale, 5.0) == 0
+    assert Load().score(req(), view(stale, fresh), [stale, fresh]) == [1.0, 1.0 / 3.0]
     assert decide("least_load", view(stale, fresh), req()) == "b0"
 
 
@@ -203,3 +210,20 @@ def test_memory_feasible_filter_skips_full_backends_only_when_fresh() -> None:
     assert decide("least_load", v, req(), **spec) == "b1"
     v = view(backend(0, kv_usage=0.99, stats_age=99.0), backend(1, kv_usage=0.5, inflight=9))
     assert decide("least_load", v, req(), **spec) == "b0"
+
+
+def test_a_choice_is_a_decision_with_the_default_fields() -> None:
+    v = view(backend(0), backend(1, inflight=3))
+    for policy in ("least_load", "cla", "round_robin", "power_of_two"):
+        d = build_pipeline(PipelineSpec(policy=policy)).decide(req(entropy=5), v)
+        assert isinstance(d, Decision) and not d.rejected
+        assert d == Decision(d.backend)  # reason "", retry_after 1.0, no prediction
+
+
+@pytest.mark.parametrize("picker", ["argmax", "power_of_two"])
+def test_score_pickers_without_scorers_take_every_candidate_as_equal(picker: str) -> None:
+    v = view(backend(0, inflight=9), backend(1), backend(2, inflight=4))
+    spec = {"scorers": {}, "picker": picker}
+    picks = Counter(decide("least_load", v, req(entropy=e), **spec) for e in range(300))
+    assert set(picks) == {"b0", "b1", "b2"}
+    assert decide("least_load", v, req(entropy=7), **spec) == "b1"  # entropy 7 % 3
