@@ -15,7 +15,24 @@ from prometheus_client.metrics import MetricWrapperBase
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
-DECISION = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005)
+# Fine below 10 us, where a decision on a small pool lands; coarse above, for the
+# learned policy and pools of hundreds of backends.
+DECISION = (
+    0.000001,
+    0.000002,
+    0.000003,
+    0.000004,
+    0.000005,
+    0.0000075,
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.005,
+)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -306,7 +306,8 @@ class Proxy:
                 view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
             td = time.perf_counter()
             decision = pipeline.decide(info, view)
-            series(gw.metrics.decision, pipeline.name).observe(time.perf_counter() - td)
+            td = time.perf_counter() - td  # before the series lookup, which is not the policy's
+            series(gw.metrics.decision, pipeline.name).observe(td)
             if decision.backend is None:
                 if last is not None:
                     break
