@@ -75,7 +75,11 @@ class Gateway:
             settings.prefix_cache_entries,
             settings.prefix_block_tokens,
         )
-        self.oracle = OracleState(topology=settings.oracle) if settings.oracle else None
+        self.oracle = (
+            OracleState(topology=settings.oracle, updated_at=time.time())
+            if settings.oracle
+            else None
+        )
         # KV transfers in flight from each prefill instance on each tier (NetKV's c_self).
         self.contention: dict[tuple[str, str], int] = {}
         self.intents: deque[dict[str, Any]] = deque(maxlen=10_000)

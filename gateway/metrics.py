@@ -7,6 +7,7 @@ request content, keys or tokens.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -155,8 +156,11 @@ class GatewayMetrics:
             registry=r,
         )
         self.oracle_age = Gauge(
-            "edgeroute_oracle_age_seconds", "Seconds since the oracle was last updated.", registry=r
+            "edgeroute_oracle_age_seconds",
+            "Seconds since the oracle was last updated (NaN: never).",
+            registry=r,
         )
+        self.oracle_age.set(math.nan)  # not 0, which would read as "just updated"
         self.oracle_tolerance = Gauge(
             "edgeroute_oracle_staleness_tolerance",
             "Proposition 2: congestion error that cannot invert adjacent tiers.",

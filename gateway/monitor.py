@@ -194,7 +194,9 @@ class Monitor:
         m.local_inflight.set(self.gw.pool.total_inflight())
         oracle = self.gw.oracle
         if oracle is not None:
-            m.oracle_age.set(oracle.age())
+            age = oracle.age()
+            if age is not None:
+                m.oracle_age.set(age)
             for tier in oracle.topology.tier_bandwidth:
                 m.oracle_rho.labels(tier).set(oracle.topology.congestion.get(tier, 0.0))
             for pair, tol in oracle.topology.staleness_tolerances().items():

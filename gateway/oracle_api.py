@@ -133,7 +133,7 @@ def oracle_router(gw: Gateway) -> APIRouter:
                 "self_contention": c_self,
                 "effective_gbps": topo.effective_bandwidth(tier, c_self) * 8 / 1e9,
                 "transfer_s": topo.transfer_seconds(prefill, decode, payload, c_self),
-                "age_s": round(current().age(), 3),
+                "age_s": current().age_s(),
             }
         )
 

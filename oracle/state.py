@@ -38,10 +38,18 @@ class OracleState(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     topology: Topology = Field(default_factory=Topology)
-    updated_at: float = Field(default_factory=time.time)  # wall-clock time of the last update
+    updated_at: float | None = None  # wall-clock time of the last update; None: never
 
-    def age(self, now: float | None = None) -> float:
+    def age(self, now: float | None = None) -> float | None:
+        """Seconds since the last update, or None for a state nobody has set."""
+        if self.updated_at is None:
+            return None
         return max(0.0, (now if now is not None else time.time()) - self.updated_at)
+
+    def age_s(self) -> float | None:
+        """The age as the API reports it: milliseconds' precision, None if never set."""
+        age = self.age()
+        return None if age is None else round(age, 3)
 
     def with_topology(self, static: dict[str, Any]) -> OracleState:
         """Replace the static part; congestion of tiers that still exist is kept."""
@@ -71,6 +79,6 @@ class OracleState(BaseModel):
         return {
             **self.topology.model_dump(mode="json"),
             "updated_at": self.updated_at,
-            "age_s": round(self.age(), 3),
+            "age_s": self.age_s(),
             "staleness_tolerance": self.topology.staleness_tolerances(),
         }

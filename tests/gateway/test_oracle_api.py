@@ -145,3 +145,18 @@ def test_an_update_on_one_replica_reaches_the_other(
         timeout=3,
     )
     assert httpx.get(url2 + "/admin/oracle", headers=TOKEN).json()["congestion"] == {"cluster": 0.6}
+
+
+def test_an_oracle_nobody_has_set_has_no_update_time_or_age(start_gateway: Start) -> None:
+    url, _ = start_gateway([])
+    state = httpx.get(url + "/admin/oracle", headers=TOKEN).json()
+    assert state["updated_at"] is None and state["age_s"] is None
+    cost = httpx.get(
+        url + "/admin/oracle/cost", headers=TOKEN, params={"prefill": "a", "decode": "b"}
+    ).json()
+    assert cost["age_s"] is None
+    assert "edgeroute_oracle_age_seconds NaN" in httpx.get(url + "/metrics").text
+    r = httpx.put(url + "/admin/oracle/congestion", headers=TOKEN, json={"rack": 0.1})
+    assert r.status_code == 200
+    state = httpx.get(url + "/admin/oracle", headers=TOKEN).json()
+    assert state["updated_at"] > 0 and 0 <= state["age_s"] < 5
