@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 log = logging.getLogger("edgeroute.store")
@@ -45,8 +46,55 @@ PRISM_PLANNER = PREFIX + "prism:planner"  # lease: the one replica that re-plans
 INTENTS_MAXLEN = 10_000
 
 
+INFLIGHT_PREFIX = PREFIX + "replica:"
+
+
 def inflight_key(replica: str) -> str:
-    return f"{PREFIX}replica:{replica}:inflight"
+    return f"{INFLIGHT_PREFIX}{replica}:inflight"
+
+
+# One replica's sync. KEYS: the replica set, this replica's hash, the config version.
+# ARGV: replica id, TTL in ms, the in-flight key prefix, then backend/count pairs.
+# It reads other replicas' hashes by name, so it needs one Redis (not a cluster).
+_SYNC = """
+local replicas, mine, version = KEYS[1], KEYS[2], KEYS[3]
+local me, ttl, prefix = ARGV[1], ARGV[2], ARGV[3]
+redis.call('DEL', mine)
+if #ARGV > 3 then
+  redis.call('HSET', mine, unpack(ARGV, 4))
+else
+  redis.call('HSET', mine, '', 0)
+end
+redis.call('PEXPIRE', mine, ttl)
+redis.call('SADD', replicas, me)
+local sums, order, alive = {}, {}, 1
+for _, other in ipairs(redis.call('SMEMBERS', replicas)) do
+  if other ~= me then
+    local h = redis.call('HGETALL', prefix .. other .. ':inflight')
+    if #h == 0 then
+      redis.call('SREM', replicas, other)
+    else
+      alive = alive + 1
+      for i = 1, #h, 2 do
+        local b = h[i]
+        if b ~= '' then
+          if sums[b] == nil then
+            sums[b] = 0
+            order[#order + 1] = b
+          end
+          sums[b] = sums[b] + tonumber(h[i + 1])
+        end
+      end
+    end
+  end
+end
+local out = {alive, redis.call('GET', version) or '0'}
+for _, b in ipairs(order) do
+  out[#out + 1] = b
+  out[#out + 1] = sums[b]
+end
+return out
+"""
 
 
 class StoreUnavailable(Exception):
@@ -105,6 +153,7 @@ class SharedStore:
         self.embedded: EmbeddedStore | None = None
         self._url = url
         self._redis: aioredis.Redis | None = None
+        self._sync_script: AsyncScript | None = None
         self.up = False
 
     @property
@@ -161,42 +210,23 @@ class SharedStore:
     # -- telemetry ----------------------------------------------------------------
 
     async def sync(self, local_inflight: dict[str, int]) -> SyncResult:
-        """Publish this replica's in-flight counts; read everyone else's. Two round trips."""
-        mine = inflight_key(self.replica_id)
-        ttl_ms = int(self.replica_ttl * 1000)
+        """Publish this replica's in-flight counts and read the sum of everyone else's,
+        in one round trip: the store adds the other replicas' counts up (`_SYNC`), so a
+        replica parses one entry per backend, not one hash per replica."""
+        flat: list[str | int] = []
+        for backend, count in local_inflight.items():
+            flat += (backend, count)
+        args = [self.replica_id, int(self.replica_ttl * 1000), INFLIGHT_PREFIX, *flat]
 
         async def step(r: aioredis.Redis) -> SyncResult:
-            async with r.pipeline(transaction=False) as p:
-                p.delete(mine)
-                if local_inflight:
-                    p.hset(mine, mapping=local_inflight)  # type: ignore[arg-type]
-                else:
-                    p.hset(mine, mapping={"": 0})
-                p.pexpire(mine, ttl_ms)
-                p.sadd(REPLICAS, self.replica_id)
-                p.smembers(REPLICAS)
-                p.get(CONFIG_VERSION)
-                res = await p.execute()
-            replicas: set[str] = res[-2]
-            version = int(res[-1] or 0)
-            others = sorted(r_ for r_ in replicas if r_ != self.replica_id)
-            remote: dict[str, int] = {}
-            if others:
-                async with r.pipeline(transaction=False) as p:
-                    for other in others:
-                        p.hgetall(inflight_key(other))
-                    hashes = await p.execute()
-                dead = [o for o, h in zip(others, hashes, strict=True) if not h]
-                if dead:
-                    await r.srem(REPLICAS, *dead)
-                for h in hashes:
-                    for backend, count in h.items():
-                        if backend:
-                            remote[backend] = remote.get(backend, 0) + int(count)
-                alive = 1 + len(others) - len(dead)
-            else:
-                alive = 1
-            return SyncResult(remote, alive, version)
+            if self._sync_script is None:
+                # redis-py runs it by digest and sends the source again to a store
+                # that lost it (a restart), so this is registered once.
+                self._sync_script = r.register_script(_SYNC)
+            keys = [REPLICAS, inflight_key(self.replica_id), CONFIG_VERSION]
+            res = await self._sync_script(keys=keys, args=args, client=r)
+            remote = {str(res[i]): int(res[i + 1]) for i in range(2, len(res), 2)}
+            return SyncResult(remote, int(res[0]), int(res[1]))
 
         result: SyncResult = await self._call(step)
         return result

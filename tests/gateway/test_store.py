@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.store import SharedStore
+import redis.asyncio as aioredis
+
+from gateway.store import CONFIG_BACKENDS, REPLICAS, SharedStore
 
 
 def test_a_lease_is_held_by_one_replica_until_it_expires() -> None:
@@ -26,5 +28,40 @@ def test_a_lease_is_held_by_one_replica_until_it_expires() -> None:
         finally:
             await r2.close()
             await r1.close()
+
+    asyncio.run(run())
+
+
+def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
+    async def run() -> None:
+        a = SharedStore(None, "a", 10.0)
+        await a.start()
+        b = SharedStore(a.url, "b", 10.0)
+        c = SharedStore(a.url, "c", 0.3)  # its record expires unless it syncs again
+        await b.start()
+        await c.start()
+        try:
+            await b.sync({"w0": 3, "w1": 1})
+            await c.sync({"w0": 2})
+            seen = await a.sync({"w0": 5})
+            assert seen.remote_inflight == {"w0": 5, "w1": 1}  # not its own 5
+            assert seen.replicas == 3 and seen.config_version == 0
+            await a.put(CONFIG_BACKENDS, "w0", "{}")  # bumps the version
+            assert (await b.sync({})).remote_inflight == {"w0": 7}  # a's 5 + c's 2
+            await asyncio.sleep(0.5)  # c's hash expires
+            seen = await a.sync({"w0": 5})
+            assert seen.remote_inflight == {} and seen.replicas == 2
+            assert seen.config_version == 1
+            direct = aioredis.Redis.from_url(a.url, decode_responses=True)
+            assert await direct.smembers(REPLICAS) == {"a", "b"}
+            # A store that lost the script (as after a restart) gets it again.
+            await direct.script_flush()
+            await direct.aclose()
+            assert (await b.sync({"w1": 4})).remote_inflight == {"w0": 5}
+            assert (await a.sync({})).remote_inflight == {"w1": 4}
+        finally:
+            await c.close()
+            await b.close()
+            await a.close()
 
     asyncio.run(run())
