@@ -58,10 +58,12 @@ class Backend:
     prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
     requests: dict[int, InflightEntry] = field(default_factory=dict)
     index: int = -1  # position in the current view
+    # Fixed for the backend's life: the pool keys backends by it, and a new config
+    # for the same backend has the same id. Read on every request, so worked out once.
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.config.backend_id
+    def __post_init__(self) -> None:
+        self.id = self.config.backend_id
 
     @property
     def draining(self) -> bool:
