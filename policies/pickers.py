@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.scorers import mix64
-from policies.types import BackendView, ClusterView, RequestInfo
+from policies.types import BackendView, RequestInfo
 
 
 @dataclass(frozen=True)
@@ -17,11 +17,7 @@ class Argmax:
     name: str = "argmax"
 
     def pick(
-        self,
-        req: RequestInfo,
-        view: ClusterView,
-        candidates: Sequence[BackendView],
-        scores: Sequence[float],
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
         if len(scores) <= 1:  # no scores (no scorers): every candidate is equal
             return candidates[req.entropy % len(candidates)]
@@ -40,11 +36,7 @@ class PowerOfTwo:
     name: str = "power_of_two"
 
     def pick(
-        self,
-        req: RequestInfo,
-        view: ClusterView,
-        candidates: Sequence[BackendView],
-        scores: Sequence[float],
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
         n = len(candidates)
         a = req.entropy % n
@@ -59,11 +51,7 @@ class RoundRobin:
     name: str = "round_robin"
 
     def pick(
-        self,
-        req: RequestInfo,
-        view: ClusterView,
-        candidates: Sequence[BackendView],
-        scores: Sequence[float],
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
         return candidates[req.seq % len(candidates)]
 
@@ -73,10 +61,6 @@ class Random:
     name: str = "random"
 
     def pick(
-        self,
-        req: RequestInfo,
-        view: ClusterView,
-        candidates: Sequence[BackendView],
-        scores: Sequence[float],
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
         return candidates[req.entropy % len(candidates)]

@@ -44,7 +44,6 @@ class Picker(Protocol):
     def pick(
         self,
         req: RequestInfo,
-        view: ClusterView,
         candidates: Sequence[BackendView],
         scores: Sequence[float],
     ) -> BackendView: ...
@@ -79,7 +78,7 @@ class _Plan(NamedTuple):
     rest: tuple[Filter, ...]  # the other filters, run on every request
     lone: Scorer | None  # the only scorer, when it weighs 1: called directly
     weighted: tuple[tuple[Scorer, float], ...]  # otherwise, the scorers and weights
-    pick: Callable[[RequestInfo, ClusterView, Sequence[BackendView], Sequence[float]], BackendView]
+    pick: Callable[[RequestInfo, Sequence[BackendView], Sequence[float]], BackendView]
 
 
 @dataclass(frozen=True)
@@ -125,11 +124,10 @@ class Pipeline:
                 if not kept:
                     return self._rejected(req, view)
                 candidates = [candidates[i] for i in kept]
-        if rest:
-            for f in rest:
-                candidates = [b for b in candidates if f.keep(req, view, b)]
-                if not candidates:
-                    return self._rejected(req, view)
+        for f in rest:
+            candidates = [b for b in candidates if f.keep(req, view, b)]
+            if not candidates:
+                return self._rejected(req, view)
         total: Sequence[float] = _NO_SCORES
         if lone is not None:
             total = lone.score(req, view, candidates)
@@ -138,7 +136,7 @@ class Pipeline:
             for scorer, weight in weighted:
                 for i, s in enumerate(scorer.score(req, view, candidates)):
                     total[i] += weight * s
-        return _tuple_new(Decision, (pick(req, view, candidates, total), *_UNEXPLAINED))
+        return _tuple_new(Decision, (pick(req, candidates, total), *_UNEXPLAINED))
 
     @staticmethod
     def _verdicts(
