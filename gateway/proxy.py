@@ -304,10 +304,11 @@ class Proxy:
             view = gw.pool.view
             if tried:
                 view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
-            td = time.perf_counter()
+            t_decide = time.perf_counter()
             decision = pipeline.decide(info, view)
-            td = time.perf_counter() - td  # before the series lookup, which is not the policy's
-            series(gw.metrics.decision, pipeline.name).observe(td)
+            # Taken before the series lookup below, which is not the policy's time.
+            decided_in = time.perf_counter() - t_decide
+            series(gw.metrics.decision, pipeline.name).observe(decided_in)
             if decision.backend is None:
                 if last is not None:
                     break
