@@ -19,9 +19,19 @@ class Argmax:
     def pick(
         self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
+        # A plain loop, not max() and min(): this runs on every request, where their
+        # C code is cold and costs more than the loop does (see the README).
         if len(scores) <= 1:  # no scores (no scorers): every candidate is equal
             return candidates[req.entropy % len(candidates)]
-        floor = max(scores) - self.tie_epsilon
+        top = low = scores[0]
+        for s in scores:
+            if s > top:
+                top = s
+            elif s < low:
+                low = s
+        floor = top - self.tie_epsilon
+        if low >= floor:  # all tied, as in an idle or evenly loaded pool
+            return candidates[req.entropy % len(candidates)]
         near = []
         for i, s in enumerate(scores):
             if s >= floor:

@@ -17,6 +17,7 @@ from policies import (
     RequestInfo,
     build_pipeline,
 )
+from policies.pickers import Argmax
 from policies.scorers import Load
 from policies.text import block_hashes, stable_hash
 
@@ -218,6 +219,20 @@ def test_a_choice_is_a_decision_with_the_default_fields() -> None:
         d = build_pipeline(PipelineSpec(policy=policy)).decide(req(entropy=5), v)
         assert isinstance(d, Decision) and not d.rejected
         assert d == Decision(d.backend)  # reason "", retry_after 1.0, no prediction
+
+
+def test_argmax_picks_at_random_among_the_scores_within_epsilon_of_the_best() -> None:
+    rng = random.Random(7)
+    candidates = [backend(i) for i in range(6)]
+    picker = Argmax(tie_epsilon=0.05)
+    for _ in range(2000):
+        n = rng.randint(2, 6)
+        # Few distinct values, so that ties, near-ties and all-tied lists all occur.
+        scores = [rng.choice((0.0, 0.3, 0.5, 0.52, 0.56, 1.0)) for _ in range(n)]
+        entropy = rng.getrandbits(63)
+        near = [i for i, s in enumerate(scores) if s >= max(scores) - 0.05]
+        expected = candidates[near[entropy % len(near)]]
+        assert picker.pick(req(entropy=entropy), candidates[:n], scores) is expected, scores
 
 
 @pytest.mark.parametrize("picker", ["argmax", "power_of_two"])
