@@ -309,7 +309,7 @@ class Proxy:
             # Taken before the series lookup below, which is not the policy's time.
             decided_in = time.perf_counter() - t_decide
             series(gw.metrics.decision, pipeline.name).observe(decided_in)
-            if decision.backend is None:
+            if decision.backend_id is None:
                 if last is not None:
                     break
                 qos = decision.token_target is not None
@@ -322,9 +322,9 @@ class Proxy:
                     code="no_capacity",
                     retry_after=s.retry_after,
                 )
-            backend = gw.pool.get(decision.backend.id)
+            backend = gw.pool.get(decision.backend_id)
             if backend is None:
-                tried.add(decision.backend.id)
+                tried.add(decision.backend_id)
                 continue
             series(gw.metrics.decisions, pipeline.name, backend.id).inc()
             tried.add(backend.id)

@@ -61,10 +61,6 @@ class Policy(Protocol):
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
 
 
-# `Decision(backend)` without NamedTuple's Python-level `__new__`: the decision runs
-# on every request, where one frame less is measurable (see `Pipeline.decide`).
-_tuple_new = tuple.__new__
-_UNEXPLAINED = Decision(None)[1:]  # a choice's other fields: their defaults
 _NO_SCORES: tuple[float, ...] = ()  # a pipeline without scorers: every candidate equal
 
 
@@ -136,7 +132,11 @@ class Pipeline:
             for scorer, weight in weighted:
                 for i, s in enumerate(scorer.score(req, view, candidates)):
                     total[i] += weight * s
-        return _tuple_new(Decision, (pick(req, candidates, total), *_UNEXPLAINED))
+        chosen = pick(req, candidates, total).id
+        decision = view.choices.get(chosen)
+        if decision is None:
+            decision = view.choices[chosen] = Decision(chosen)
+        return decision
 
     @staticmethod
     def _verdicts(

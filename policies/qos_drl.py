@@ -106,5 +106,5 @@ class QoSDRL:
                 token_target=self.latency,
             )
         return Decision(
-            candidates[action - 1], predicted=preds[action - 1], token_target=self.latency
+            candidates[action - 1].id, predicted=preds[action - 1], token_target=self.latency
         )

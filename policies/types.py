@@ -100,21 +100,28 @@ class ClusterView:
     memo: dict[Any, tuple[int, ...]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    # A plain choice of each backend, by id, made once: building a `Decision` on every
+    # request costs more than looking one up (see policies.pipeline.Pipeline.decide).
+    choices: dict[str, Decision] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def carry_memo(self, previous: ClusterView) -> ClusterView:
-        """Take `previous`'s memo: only for the same backends, in the same order, with
-        the same health and configuration."""
+        """Take `previous`'s memo (and its choices, which always hold): only for the
+        same backends, in the same order, with the same health and configuration."""
         object.__setattr__(self, "memo", previous.memo)
+        object.__setattr__(self, "choices", previous.choices)
         return self
 
 
 class Decision(NamedTuple):
-    """A chosen backend, or a rejection with the reason a client will read.
+    """A chosen backend (by id), or a rejection with the reason a client will read.
 
-    A NamedTuple rather than a frozen dataclass: one is built per request, and a
-    tuple is built without a `__setattr__` call per field."""
+    A NamedTuple rather than a frozen dataclass: it is built without a `__setattr__`
+    call per field. It names the backend rather than holding its view, so that the
+    plain choice of a backend is one value, made once (`ClusterView.choices`)."""
 
-    backend: BackendView | None
+    backend_id: str | None
     reason: str = ""
     retry_after: float = 1.0
     predicted: tuple[float, float] | None = None  # (score, length) on the chosen backend
@@ -123,4 +130,4 @@ class Decision(NamedTuple):
 
     @property
     def rejected(self) -> bool:
-        return self.backend is None
+        return self.backend_id is None

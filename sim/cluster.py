@@ -245,8 +245,8 @@ class Simulator:
             for p in self.prefills.values()
         )
         decision = self.prefill_pipeline.decide(self._info(req), ClusterView(views))
-        assert decision.backend is not None
-        p = self.prefills[decision.backend.id]
+        assert decision.backend_id is not None
+        p = self.prefills[decision.backend_id]
         req.prefill = p.id
         p.queue.append(req)
         self._start_prefill(p)
@@ -307,10 +307,10 @@ class Simulator:
 
     def _dispatch(self, req: Request) -> None:
         decision = self.decode_pipeline.decide(self._info(req, req.prefill), self._view())
-        if decision.backend is None:
+        if decision.backend_id is None:
             req.rejected = True
             return
-        d = self.decodes[decision.backend.id]
+        d = self.decodes[decision.backend_id]
         req.decode = d.id
         req.tier = self.tree.tier(req.prefill, d.id)
         hit = 0

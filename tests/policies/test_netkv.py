@@ -55,8 +55,8 @@ def view(
 
 def pick(policy: str, v: ClusterView, r: RequestInfo) -> str:
     d = build_pipeline(PipelineSpec(policy=policy)).decide(r, v)
-    assert d.backend is not None, d.reason
-    return d.backend.id
+    assert d.backend_id is not None, d.reason
+    return d.backend_id
 
 
 def test_netkv_avoids_a_warm_candidate_behind_a_congested_tier_that_cla_picks() -> None:

@@ -40,8 +40,8 @@ def req(**kw: object) -> RequestInfo:
 
 def decide(policy: str, v: ClusterView, r: RequestInfo, **spec: object) -> str:
     d = build_pipeline(PipelineSpec(policy=policy, **spec)).decide(r, v)  # type: ignore[arg-type]
-    assert d.backend is not None, d.reason
-    return d.backend.id
+    assert d.backend_id is not None, d.reason
+    return d.backend_id
 
 
 def test_round_robin_cycles_over_candidates_by_sequence_number() -> None:
@@ -79,7 +79,7 @@ def test_no_candidate_is_a_rejection_with_the_filter_named() -> None:
 def test_per_model_verdicts_are_remembered_per_snapshot_and_never_outlive_it() -> None:
     pipeline = build_pipeline(PipelineSpec(policy="random"))
     v = view(backend(0), backend(1, models=frozenset({"other"})), backend(2))
-    assert pipeline.decide(req(entropy=1), v).backend is not None
+    assert pipeline.decide(req(entropy=1), v).backend_id is not None
     assert list(v.memo.values()) == [(0, 2)]  # healthy, serves "m", role "both"
     # A snapshot that differs only in load may carry the verdicts on...
     busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
@@ -218,7 +218,23 @@ def test_a_choice_is_a_decision_with_the_default_fields() -> None:
     for policy in ("least_load", "cla", "round_robin", "power_of_two"):
         d = build_pipeline(PipelineSpec(policy=policy)).decide(req(entropy=5), v)
         assert isinstance(d, Decision) and not d.rejected
-        assert d == Decision(d.backend)  # reason "", retry_after 1.0, no prediction
+        assert d == Decision(d.backend_id)  # reason "", retry_after 1.0, no prediction
+
+
+def test_a_choice_is_made_once_per_backend_and_carried_with_the_memo() -> None:
+    pipeline = build_pipeline(PipelineSpec(policy="random"))
+    v = view(backend(0), backend(1))
+    first = {pipeline.decide(req(entropy=e), v).backend_id: e for e in range(2)}
+    d0 = pipeline.decide(req(entropy=first["b0"]), v)
+    assert d0 is pipeline.decide(req(entropy=first["b0"]), v)  # the same value, not a copy
+    assert d0 is not pipeline.decide(req(entropy=first["b1"]), v)
+    assert set(v.choices) == {"b0", "b1"}
+    busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
+    assert busier.carry_memo(v).choices is v.choices
+    assert pipeline.decide(req(entropy=first["b0"]), busier) is d0
+    # A rejection is not a choice: it is built each time, with its reason.
+    none_left = view(backend(0, healthy=False))
+    assert pipeline.decide(req(), none_left).rejected and none_left.choices == {}
 
 
 def test_argmax_picks_at_random_among_the_scores_within_epsilon_of_the_best() -> None:
