@@ -20,7 +20,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -85,10 +84,14 @@ def start_gateway(
         cfg["http_parser"] = "h11"
     elif variant:
         raise ValueError(f"unknown variant {variant!r} (asyncio or h11)")
-    path = Path(tempfile.mkstemp(suffix=".yaml")[1])
-    path.write_text(yaml.safe_dump(cfg))
-    proc = spawn(["serve", "--config", str(path)], GATEWAY_CPU)
-    wait_ready(f"http://127.0.0.1:{port}/readyz")
+    fd, name = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(cfg))
+    try:
+        proc = spawn(["serve", "--config", name], GATEWAY_CPU)
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
+    finally:
+        os.unlink(name)  # read at start-up; later changes come through the store
     return proc
 
 
