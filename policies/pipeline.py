@@ -69,7 +69,7 @@ class _Plan(NamedTuple):
     a NamedTuple's fields by name would look each up on the class, cold, per request.
     """
 
-    token: object  # the key of this pipeline's per-model verdicts in `ClusterView.memo`
+    token: object  # the key of this pipeline's verdicts (by model) in `ClusterView.memo`
     per_model: tuple[Filter, ...]  # the leading filters with per-model verdicts
     rest: tuple[Filter, ...]  # the other filters, run on every request
     lone: Scorer | None  # the only scorer, when it weighs 1: called directly
@@ -112,10 +112,13 @@ class Pipeline:
         token, per_model, rest, lone, weighted, pick = self._plan
         candidates: Sequence[BackendView] = view.backends
         if per_model:
-            key = (token, req.model)
-            kept = view.memo.get(key)
+            # Two plain lookups are cheaper, cold, than one under a (token, model) key.
+            verdicts = view.memo.get(token)
+            if verdicts is None:
+                verdicts = view.memo[token] = {}
+            kept = verdicts.get(req.model)
             if kept is None:
-                kept = view.memo[key] = self._verdicts(per_model, req, view)
+                kept = verdicts[req.model] = self._verdicts(per_model, req, view)
             if len(kept) != len(candidates):
                 if not kept:
                     return self._rejected(req, view)

@@ -94,10 +94,11 @@ class ClusterView:
     block_tokens: int = 64  # the granularity of RequestInfo.block_hashes
     # Prism: each request class's expert-activation frequencies, [layers, experts].
     expert_stats: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    # Per-model filter verdicts, worked out on first use (see policies.pipeline.Filter).
+    # Per-model filter verdicts, by pipeline and then model, worked out on first use
+    # (see policies.pipeline.Filter).
     # Not an init field, so `replace()` starts an empty one; a snapshot that differs
     # from its predecessor only in load may take the predecessor's over (`carry_memo`).
-    memo: dict[Any, tuple[int, ...]] = field(
+    memo: dict[object, dict[str, tuple[int, ...]]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
     # A plain choice of each backend, by id, made once: building a `Decision` on every

@@ -80,7 +80,7 @@ def test_per_model_verdicts_are_remembered_per_snapshot_and_never_outlive_it() -
     pipeline = build_pipeline(PipelineSpec(policy="random"))
     v = view(backend(0), backend(1, models=frozenset({"other"})), backend(2))
     assert pipeline.decide(req(entropy=1), v).backend_id is not None
-    assert list(v.memo.values()) == [(0, 2)]  # healthy, serves "m", role "both"
+    assert list(v.memo.values()) == [{"m": (0, 2)}]  # healthy, serves "m", role "both"
     # A snapshot that differs only in load may carry the verdicts on...
     busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
     assert busier.memo == {} and busier.carry_memo(v).memo is v.memo
