@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -170,6 +171,7 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
         self.proc = subprocess.Popen(
             [
                 self.binary,
@@ -203,6 +205,7 @@ class RedisProcess:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)  # `start` makes it again
 
 
 class CliProcess:
@@ -246,3 +249,23 @@ class GatewayProcess(CliProcess):
 
     def __init__(self, config: Path, env: dict[str, str]) -> None:
         super().__init__(["serve", "--config", str(config)], "/readyz", env)
+
+
+@contextlib.contextmanager
+def replicas_on_redis(
+    config: Path, env: dict[str, str], count: int = 2
+) -> Iterator[list[GatewayProcess]]:
+    """`count` gateway processes on `config` sharing one fresh Redis, as replicas r0,
+    r1, ...; `env` adds settings. All are killed on the way out."""
+    redis = RedisProcess()
+    redis.start()
+    gateways: list[GatewayProcess] = []
+    try:
+        for i in range(count):
+            own = {"EDGEROUTE_REDIS_URL": redis.url, "EDGEROUTE_REPLICA_ID": f"r{i}"}
+            gateways.append(GatewayProcess(config, {**env, **own}))
+        yield gateways
+    finally:
+        for g in gateways:
+            g.kill()
+        redis.kill()

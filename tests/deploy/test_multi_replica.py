@@ -13,28 +13,20 @@ import pytest
 import yaml
 
 from tests.gateway.test_oracle_api import TOPOLOGY
-from tests.support import GatewayProcess, RedisProcess, WorkerProcess, hold_streams, wait_until
+from tests.support import (
+    GatewayProcess,
+    WorkerProcess,
+    hold_streams,
+    replicas_on_redis,
+    wait_until,
+)
 
 TOKEN = {"authorization": "Bearer multi-replica-token"}
 MODEL = "mistral-7b-chat"
 
 
-def gateway(config: Path, redis_url: str, replica: str) -> GatewayProcess:
-    return GatewayProcess(
-        config,
-        {
-            "EDGEROUTE_ADMIN_TOKEN": TOKEN["authorization"].removeprefix("Bearer "),
-            "EDGEROUTE_REDIS_URL": redis_url,
-            "EDGEROUTE_REPLICA_ID": replica,
-            "EDGEROUTE_STALE_AFTER": "0.0001",  # only in-flight counts steer
-        },
-    )
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
-    redis = RedisProcess()
-    redis.start()
     workers = [WorkerProcess("--profile", MODEL) for _ in range(4)]
     config = tmp_path / "gateway.yaml"
     config.write_text(
@@ -47,16 +39,16 @@ def cluster(tmp_path: Path) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
             }
         )
     )
-    gateways: list[GatewayProcess] = []
+    env = {
+        "EDGEROUTE_ADMIN_TOKEN": TOKEN["authorization"].removeprefix("Bearer "),
+        "EDGEROUTE_STALE_AFTER": "0.0001",  # only in-flight counts steer
+    }
     try:
-        gateways = [gateway(config, redis.url, f"r{i}") for i in (1, 2)]
-        yield gateways[0], gateways[1]
+        with replicas_on_redis(config, env) as (first, second):
+            yield first, second
     finally:
-        for g in gateways:
-            g.kill()
         for w in workers:
             w.kill()
-        redis.kill()
 
 
 def backends(g: GatewayProcess) -> dict[str, dict[str, object]]:

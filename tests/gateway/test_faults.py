@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.support import GatewayProcess, RedisProcess, WorkerProcess, wait_until
+from tests.support import WorkerProcess, replicas_on_redis, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 CHAT = "/v1/chat/completions"
@@ -110,42 +110,33 @@ def test_draining_a_backend_during_traffic_loses_nothing(
 
 
 def test_one_replica_dies_and_the_other_keeps_serving(tmp_path: Path) -> None:
-    redis = RedisProcess()
-    redis.start()
     workers = [WorkerProcess("--profile", "instant") for _ in range(2)]
     config = tmp_path / "gateway.yaml"
     config.write_text(
         yaml.safe_dump({"backends": [{"id": f"w{i}", "url": w.url} for i, w in enumerate(workers)]})
     )
-    env = {
-        "EDGEROUTE_ADMIN_TOKEN": "replica-token",
-        "EDGEROUTE_REDIS_URL": redis.url,
-        "EDGEROUTE_REPLICA_TTL": "1.0",
-    }
-    gateways = [GatewayProcess(config, {**env, "EDGEROUTE_REPLICA_ID": f"r{i}"}) for i in range(2)]
+    env = {"EDGEROUTE_ADMIN_TOKEN": "replica-token", "EDGEROUTE_REPLICA_TTL": "1.0"}
     try:
-        body = {"model": "instant", "messages": [{"role": "user", "content": "hi"}]}
+        with replicas_on_redis(config, env) as gateways:
+            body = {"model": "instant", "messages": [{"role": "user", "content": "hi"}]}
 
-        def send(i: int) -> int:
-            g = gateways[1] if i >= 40 else gateways[i % 2]  # after the kill, only r1
-            return httpx.post(g.url + CHAT, json=body, timeout=10).status_code
+            def send(i: int) -> int:
+                g = gateways[1] if i >= 40 else gateways[i % 2]  # after the kill, only r1
+                return httpx.post(g.url + CHAT, json=body, timeout=10).status_code
 
-        with ThreadPoolExecutor(4) as pool:
-            first = list(pool.map(send, range(40)))
-            gateways[0].kill()
-            after = list(pool.map(send, range(40, 200)))
-        assert first == [200] * 40 and after == [200] * 160
-        # The survivor stops counting the dead replica once its record expires.
-        admin = {"authorization": "Bearer replica-token"}
+            with ThreadPoolExecutor(4) as pool:
+                first = list(pool.map(send, range(40)))
+                gateways[0].kill()
+                after = list(pool.map(send, range(40, 200)))
+            assert first == [200] * 40 and after == [200] * 160
+            # The survivor stops counting the dead replica once its record expires.
+            admin = {"authorization": "Bearer replica-token"}
 
-        def replicas() -> int:
-            status = httpx.get(gateways[1].url + "/admin/status", headers=admin).json()
-            return int(status["replicas"])
+            def replicas() -> int:
+                status = httpx.get(gateways[1].url + "/admin/status", headers=admin).json()
+                return int(status["replicas"])
 
-        wait_until(lambda: replicas() == 1, timeout=10)
+            wait_until(lambda: replicas() == 1, timeout=10)
     finally:
-        for g in gateways:
-            g.kill()
         for w in workers:
             w.kill()
-        redis.kill()
