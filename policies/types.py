@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from oracle.topology import Topology
@@ -115,12 +115,12 @@ class ClusterView:
         return self
 
 
-class Decision(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Decision:
     """A chosen backend (by id), or a rejection with the reason a client will read.
 
-    A NamedTuple rather than a frozen dataclass: it is built without a `__setattr__`
-    call per field. It names the backend rather than holding its view, so that the
-    plain choice of a backend is one value, made once (`ClusterView.choices`)."""
+    It names the backend rather than holding its view, so that the plain choice of a
+    backend is one value, made once (`ClusterView.choices`), not built per request."""
 
     backend_id: str | None
     reason: str = ""
