@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
+import httpx
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,7 +43,7 @@ from gateway.store import (
     SharedStore,
     StoreUnavailable,
 )
-from gateway.upstream import UpstreamPool
+from gateway.upstream import ResponseLimits, UpstreamPool
 from oracle.state import OracleState
 from policies import Pipeline, PipelineSpec, Policy, build_policy
 
@@ -86,10 +86,18 @@ class Gateway:
         self.routing = settings.routing
         self._pipelines: dict[str, Policy] = {}
         self._apply_routing(settings.routing)
-        self.store = SharedStore(settings.redis_url, self.replica_id, settings.replica_ttl)
-        self._client: aiohttp.ClientSession | None = None  # made in start(), in the loop
-        # The proxy path's own client; aiohttp serves the monitor and admin calls.
-        self.upstream = UpstreamPool(settings.timeouts.connect)
+        url = settings.redis_url.get_secret_value() if settings.redis_url is not None else None
+        self.store = SharedStore(url, self.replica_id, settings.replica_ttl)
+        self._client: httpx.AsyncClient | None = None  # made in start(), in the loop
+        # The proxy path's own client; httpx serves the control plane (scrapes,
+        # probes, Prism's pushes).
+        lim = settings.limits
+        self.upstream = UpstreamPool(
+            settings.timeouts.connect,
+            limits=ResponseLimits(
+                lim.response_headers, lim.response_header_bytes, lim.response_body_bytes
+            ),
+        )
         self.monitor = Monitor(self)
         self.prism = PrismScheduler(self, settings.prism_replan_seconds)
         self.proxy = Proxy(self)
@@ -98,13 +106,10 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
-            # Bytes pass through as the backend sent them: no decompression, no added
-            # Accept-Encoding or User-Agent.
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            trust_env=False,
+        self._client = httpx.AsyncClient(
+            timeout=self.settings.timeouts.scrape,
+            limits=httpx.Limits(max_connections=None, keepalive_expiry=30.0),
+            trust_env=False,  # no proxies or netrc from the environment
         )
         self._apply_routing(self.settings.routing)
         self.pool.set_configs(self.settings.backends)
@@ -126,12 +131,12 @@ class Gateway:
         await self.prism.stop()
         await self.monitor.stop()
         if self._client is not None:
-            await self._client.close()
+            await self._client.aclose()
         self.upstream.close()
         await self.store.close()
 
     @property
-    def client(self) -> aiohttp.ClientSession:
+    def client(self) -> httpx.AsyncClient:
         if self._client is None:
             raise RuntimeError("the gateway has not started")
         return self._client

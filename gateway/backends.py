@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
+from gateway.upstream import Attempt
 from oracle.topology import Topology
 from policies.text import stable_hash
 from policies.types import BackendView, ClusterView, InflightRequest
@@ -28,6 +29,8 @@ class EngineStats:
     kv_usage: float = 0.0
     kv_capacity_tokens: int = 0
     scraped_at: float = float("-inf")
+    generated_total: float | None = None  # the engine's generation-token counter
+    generated_moved_at: float = float("-inf")  # when that counter last grew
 
 
 @dataclass(eq=False)
@@ -58,6 +61,9 @@ class Backend:
     prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
     requests: dict[int, InflightEntry] = field(default_factory=dict)
     index: int = -1  # position in the current view
+    # Requests sent there that have had no byte back yet, and when a byte last came.
+    pending: set[Attempt] = field(default_factory=set)
+    progress_at: float = float("-inf")
     # Fixed for the backend's life: the pool keys backends by it, and a new config
     # for the same backend has the same id. Read on every request, so worked out once.
     id: str = field(init=False)
@@ -131,7 +137,9 @@ class BackendPool:
         now = time.monotonic()
         out: set[str] = set()
         for b in self._backends.values():
-            if not healthy_only or (not b.draining and b.circuit.available(now)):
+            if not healthy_only or (
+                not b.draining and (b.circuit.available(now) or b.circuit.trial)
+            ):
                 out |= b.serves()
         return out
 
@@ -238,6 +246,8 @@ class BackendPool:
         self, b: Backend, blocks: tuple[int, ...], entry: InflightEntry | None = None
     ) -> None:
         b.inflight += 1
+        if b.circuit.state is not State.CLOSED and b.circuit.begin():
+            self._refresh_one(b, healthy=False)  # the trial: nothing else until it ends
         if entry is not None and self.track_requests:
             b.requests[id(entry)] = entry
         if blocks:
@@ -253,6 +263,8 @@ class BackendPool:
         b.inflight -= 1
         if entry is not None:
             b.requests.pop(id(entry), None)
+        if b.circuit.state is not State.CLOSED and b.circuit.abandon():
+            self._refresh_one(b, healthy=not b.draining)
         self._dirty.add(b)
 
     def failed(self, b: Backend) -> bool:
@@ -260,6 +272,12 @@ class BackendPool:
         opened = b.circuit.failure(time.monotonic())
         if opened:
             self._refresh_one(b, healthy=False)
+        return opened
+
+    def stalled(self, b: Backend) -> bool:
+        """The backend holds requests but makes no progress: open its circuit now."""
+        opened = b.circuit.trip(time.monotonic())
+        self._refresh_one(b, healthy=False)
         return opened
 
     def succeeded(self, b: Backend) -> None:

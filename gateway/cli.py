@@ -9,10 +9,10 @@ import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.logs import configure
-from gateway.serving import Listener, run, serve_apps, serve_processes
+from gateway.serving import Listener, gateway_listener, run, serve_apps, serve_processes
 from gateway.settings import BackendConfig, load_settings
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     from gateway.app import create_app
 
-    overrides: dict[str, object] = {}
+    overrides: dict[str, Any] = {}
     if args.host:
         overrides["host"] = args.host
     if args.port:
@@ -97,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return
     app = create_app(settings)
     run(
-        serve_apps([Listener(app, settings.host, settings.port, settings.http_parser)]),
+        serve_apps([gateway_listener(app, settings)]),
         settings.event_loop,
     )
 
@@ -161,7 +161,7 @@ Ctrl-C stops everything.
         flush=True,
     )
     listeners = [Listener(w.app, w.config.host, w.config.port) for w in workers]
-    listeners.append(Listener(app, settings.host, settings.port))
+    listeners.append(gateway_listener(app, settings))
     run(serve_apps(listeners))
 
 

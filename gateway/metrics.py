@@ -98,6 +98,18 @@ class GatewayMetrics:
             ["backend", "reason"],
             registry=r,
         )
+        self.stalls = Counter(
+            "edgeroute_backend_stalls",
+            "Times a backend held requests without progress and had them moved.",
+            ["backend"],
+            registry=r,
+        )
+        self.client_aborts = Counter(
+            "edgeroute_client_disconnects",
+            "Clients that left before their request was answered, by phase.",
+            ["phase"],
+            registry=r,
+        )
         self.shed = Counter(
             "edgeroute_shed_requests",
             "Requests refused for lack of capacity.",

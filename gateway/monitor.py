@@ -2,7 +2,10 @@
 
 - scrape: each backend's `/metrics` (vLLM's current and older names) and, when
   its models are not configured, `/v1/models`;
-- health: `/health` probes; an open circuit past its cool-down closes on a good probe;
+- health: `/health` probes, which can open a circuit but never close one (a real
+  request does: see `gateway.circuit`); and stalls: a backend that holds requests
+  but has sent no byte and generated no token for `timeouts.stall` seconds has
+  them aborted (the proxy sends them elsewhere) and its circuit opened;
 - sync: in-flight counts with the other replicas, and shared config changes.
 
 None of this runs on the request path. Each loop survives any single failure.
@@ -17,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import aiohttp
+import httpx
 
 from gateway.backends import Backend
 from gateway.circuit import State
@@ -32,7 +35,8 @@ log = logging.getLogger("edgeroute.monitor")
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-WANTED = frozenset(RUNNING + WAITING + KV_USAGE)
+GENERATED = ("vllm:generation_tokens_total",)
+WANTED = frozenset(RUNNING + WAITING + KV_USAGE + GENERATED)
 CACHE_INFO = "vllm:cache_config_info"
 
 
@@ -95,22 +99,21 @@ class Monitor:
 
     async def _scrape(self, b: Backend) -> None:
         client = self.gw.client
-        timeout = aiohttp.ClientTimeout(total=self.gw.settings.timeouts.scrape)
+        timeout = self.gw.settings.timeouts.scrape
         try:
             if not b.config.models and (not b.models or b.stats.scraped_at < 0):
-                async with client.get(
+                r = await client.get(
                     f"{b.config.url}/v1/models", timeout=timeout, headers=self.gw.backend_auth(b)
-                ) as r:
-                    if r.status == 200:
-                        data = await r.json(content_type=None)
-                        b.models = frozenset(m["id"] for m in data.get("data", []))
-            async with client.get(f"{b.config.url}/metrics", timeout=timeout) as r:
-                if r.status != 200:
-                    return
-                text = await r.text()
-                samples = read_samples(text, WANTED)
-                cache = read_labels(text, CACHE_INFO)
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+                )
+                if r.status_code == 200:
+                    b.models = frozenset(m["id"] for m in r.json().get("data", []))
+            r = await client.get(f"{b.config.url}/metrics", timeout=timeout)
+            if r.status_code != 200:
+                return
+            text = r.text
+            samples = read_samples(text, WANTED)
+            cache = read_labels(text, CACHE_INFO)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             return  # stats go stale, and stale stats do not steer
         running, waiting = _first(samples, RUNNING), _first(samples, WAITING)
         if running is None and waiting is None:
@@ -120,30 +123,62 @@ class Monitor:
         b.stats.kv_usage = _first(samples, KV_USAGE) or 0.0
         with contextlib.suppress(KeyError, ValueError):
             b.stats.kv_capacity_tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-        b.stats.scraped_at = time.monotonic()
+        now = time.monotonic()
+        generated = _first(samples, GENERATED)
+        if generated is not None and generated != b.stats.generated_total:
+            b.stats.generated_total = generated
+            b.stats.generated_moved_at = now
+        b.stats.scraped_at = now
 
     # -- health -------------------------------------------------------------------------
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self._probe(b) for b in list(self.gw.pool)))
+        for b in list(self.gw.pool):
+            self._check_stall(b, time.monotonic())
         self.gw.pool.rebuild()
         self._export()
 
     async def _probe(self, b: Backend) -> None:
         now = time.monotonic()
         b.circuit.available(now)  # moves an open circuit past its cool-down to half-open
-        timeout = aiohttp.ClientTimeout(total=self.gw.settings.timeouts.connect)
         try:
-            async with self.gw.client.get(f"{b.config.url}/health", timeout=timeout) as r:
-                ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            r = await self.gw.client.get(
+                f"{b.config.url}/health", timeout=self.gw.settings.timeouts.connect
+            )
+            ok = r.status_code == 200
+        except httpx.HTTPError:
             ok = False
-        if ok:
-            if b.circuit.state is State.HALF_OPEN:
-                log.info("backend %s recovered; circuit closed", b.id)
-                b.circuit.success()
-        elif b.circuit.state is not State.OPEN and b.circuit.failure(time.monotonic()):
+        # A good probe closes nothing: only a request served does (the half-open trial).
+        if not ok and b.circuit.state is not State.OPEN and b.circuit.failure(time.monotonic()):
             log.warning("backend %s failed health checks; circuit open", b.id)
+
+    def _check_stall(self, b: Backend, now: float) -> None:
+        """Abort the requests waiting on `b` when it has made no progress for `stall`
+        seconds while they waited: no byte to us, and no token generated by its engine
+        (when it reports that). Without that counter only streams are judged, as a
+        long answer that is not streamed sends nothing until it is whole."""
+        stall = self.gw.settings.timeouts.stall
+        waiting = [a for a in b.pending if now - a.started > stall]
+        if not waiting or now - b.progress_at <= stall:
+            return
+        counted = b.stats.generated_total is not None and now - b.stats.scraped_at <= stall
+        if counted and now - b.stats.generated_moved_at <= stall:
+            return
+        if not counted:
+            waiting = [a for a in waiting if a.stream]
+            if not waiting:
+                return
+        for a in waiting:
+            a.abort("stalled")
+        self.gw.metrics.stalls.labels(b.id).inc()
+        if self.gw.pool.stalled(b):
+            log.warning(
+                "backend %s stalled (%d requests waiting, no progress for %.0f s); circuit open",
+                b.id,
+                len(waiting),
+                stall,
+            )
 
     # -- shared store -------------------------------------------------------------------
 

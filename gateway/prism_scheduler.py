@@ -24,7 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
+import httpx
 import numpy as np
 import orjson
 
@@ -81,19 +81,18 @@ class PrismScheduler:
             await asyncio.sleep(self.stats_interval)
 
     async def collect(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=2.0)
         fetched: set[str] = set()
         for b in self.backends():
             try:
-                async with self.gw.client.get(b.config.url + "/moe/stats", timeout=timeout) as r:
-                    if r.status == 200:
-                        report = await r.json(content_type=None)
-                        self.reports[b.id] = report
-                        fetched.add(b.id)
-                        # The worker's own list is the truth (a plan may come from
-                        # another replica).
-                        self.map[b.id] = [tuple(x) for x in report["hosted"]]
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+                r = await self.gw.client.get(b.config.url + "/moe/stats", timeout=2.0)
+                if r.status_code == 200:
+                    report = r.json()
+                    self.reports[b.id] = report
+                    fetched.add(b.id)
+                    # The worker's own list is the truth (a plan may come from
+                    # another replica).
+                    self.map[b.id] = [tuple(x) for x in report["hosted"]]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 continue
         await self._sync_store(fetched)
         for backend_id, report in self.reports.items():
@@ -226,17 +225,16 @@ class PrismScheduler:
         return self.candidate
 
     async def _push(self, backend: Any, hosted: list[tuple[int, int]]) -> None:
-        timeout = aiohttp.ClientTimeout(total=600.0)
         headers = {"content-type": "application/json"}
         if (token := backend.config.moe.admin_token) is not None:
             headers["authorization"] = f"Bearer {token.get_secret_value()}"
-        async with self.gw.client.put(
+        r = await self.gw.client.put(
             backend.config.url + "/admin/placement",
-            data=orjson.dumps({"hosted": hosted}),
+            content=orjson.dumps({"hosted": hosted}),
             headers=headers,
-            timeout=timeout,
-        ) as r:
-            r.raise_for_status()
+            timeout=600.0,
+        )
+        r.raise_for_status()
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.auth import require_client_key
@@ -31,7 +31,8 @@ from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.metrics import series
 from gateway.relay import ClientWatch, RelayResponse
-from gateway.upstream import UpstreamError, UpstreamResponse
+from gateway.sse import SSEScanner
+from gateway.upstream import Attempt, UpstreamError, UpstreamResponse
 from policies.pipeline import Policy
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
@@ -55,7 +56,11 @@ _DROP_UP = frozenset(
         b"proxy-authorization",
         b"proxy-connection",
         b"authorization",
+        b"cookie",
         b"accept-encoding",
+        # The gateway holds the whole body already; forwarded, it would make the
+        # backend answer 100 Continue first.
+        b"expect",
     ]
 )
 _DROP_DOWN = frozenset(
@@ -64,6 +69,15 @@ _DROP_DOWN = frozenset(
 )
 MAX_TOKENS_LIMIT = 1 << 24
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# An x-request-id the gateway echoes and forwards as given; others are replaced.
+_REQUEST_ID = re.compile(rb"[!-~]{1,200}")
+_REASONS = {
+    "connect": "is unreachable",
+    "broken": "broke the exchange",
+    "headers_too_large": "sent response headers over the gateway's limits",
+    "body_too_large": "sent a response body over the gateway's limit",
+    "stalled": "stalled (no progress while peers answered)",
+}
 _PREFILL_DROP = frozenset(("stream_options", "max_completion_tokens", "n"))
 _REMOTE_DECODE = {
     "do_remote_decode": True,
@@ -84,6 +98,7 @@ class Upstream:
     first: bytes  # the first body chunk (stream) or the whole body
     streaming: bool  # more chunks may follow `first`
     entry: InflightEntry | None = None
+    events: SSEScanner | None = None  # a stream's framing check and token count
 
 
 def _text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
@@ -171,8 +186,10 @@ class Proxy:
         self._seq = itertools.count()
         self._rid_prefix = os.urandom(6).hex()  # request ids: this prefix and a counter
         self._rids = itertools.count()
-        # `first_byte` bounds every wait for the answer; `idle` the gaps in a stream.
+        # `first_byte` bounds a stream's wait for its first event, `response` the wait
+        # for a whole answer, `idle` the gaps in a stream.
         self._first_byte = s.timeouts.first_byte
+        self._response = s.timeouts.response
         self._idle = s.timeouts.idle
 
     async def handle(
@@ -184,7 +201,11 @@ class Proxy:
         # ASGI servers give lower-case names; one dict beats Starlette's Headers here.
         hdrs: dict[bytes, bytes] = dict(request.scope["headers"])
         given = hdrs.get(b"x-request-id")
-        rid = given.decode("latin-1") if given else f"{self._rid_prefix}{next(self._rids):x}"
+        if given is not None and _REQUEST_ID.fullmatch(given):
+            rid = given.decode("ascii")
+        else:
+            rid = f"{self._rid_prefix}{next(self._rids):x}"
+            hdrs.pop(b"x-request-id", None)
         request_id.set(rid)
         model_label = "unknown"
         try:
@@ -207,6 +228,12 @@ class Proxy:
             model_label = model
             path = "/v1/chat/completions" if chat else "/v1/completions"
             return await self._route(request, hdrs, path, raw, body, rid, t0)
+        except ClientDisconnect:
+            # The client left while sending its body: nothing to answer, nothing wrong.
+            series(self.gw.metrics.requests, model_label, "none", "499").inc()
+            self.gw.metrics.client_aborts.labels("upload").inc()
+            log.info("client disconnected during its upload")
+            return _Raw(499, [], b"")
         except GatewayError as exc:
             series(self.gw.metrics.requests, model_label, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
@@ -304,6 +331,8 @@ class Proxy:
             view = gw.pool.view
             if tried:
                 view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
+                if not view.backends:
+                    break  # every backend has been tried: the last failure is the answer
             t_decide = time.perf_counter()
             decision = pipeline.decide(info, view)
             # Taken before the series lookup below, which is not the policy's time.
@@ -467,11 +496,13 @@ class Proxy:
     ) -> list[tuple[bytes, bytes]]:
         out = [(k, v) for k, v in raw if k not in _DROP_UP]
         if b"x-request-id" not in hdrs:
-            out.append((b"x-request-id", rid.encode()))
-        if not self.gw.settings.api_keys:
-            auth = hdrs.get(b"authorization")
-            if auth:
-                out.append((b"authorization", auth))
+            out = [(k, v) for k, v in out if k != b"x-request-id"]
+            out.append((b"x-request-id", rid.encode("ascii")))
+        s = self.gw.settings
+        if s.forward_client_credentials:
+            if not s.api_keys and b"authorization" in hdrs:
+                out.append((b"authorization", hdrs[b"authorization"]))
+            out += [(k, v) for k, v in raw if k == b"cookie"]
         return out
 
     async def _open(
@@ -487,44 +518,82 @@ class Proxy:
             headers = [(k, v) for k, v in headers if k != b"authorization"]
             key = cfg.api_key.get_secret_value()
             headers.append((b"authorization", f"Bearer {key}".encode("latin-1")))
-        wait = self._first_byte
+        wait = self._first_byte if stream else self._response
+        attempt = Attempt(time.monotonic(), stream)
+        backend.pending.add(attempt)
         try:
-            resp = await self.gw.upstream.send(cfg.target, b"POST", path, headers, raw, wait)
+            return await self._exchange(backend, path, raw, headers, stream, wait, attempt)
+        finally:
+            backend.pending.discard(attempt)
+
+    async def _exchange(
+        self,
+        backend: Backend,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        stream: bool,
+        wait: float,
+        attempt: Attempt,
+    ) -> Upstream:
+        bid = backend.id
+        try:
+            resp = await self.gw.upstream.send(
+                backend.config.target, b"POST", path, headers, raw, wait, attempt
+            )
         except TimeoutError as exc:
-            raise Retryable(
-                GatewayError(504, f"backend {backend.id} timed out"), "timeout"
-            ) from exc
+            raise Retryable(GatewayError(504, f"backend {bid} timed out"), "timeout") from exc
         except UpstreamError as exc:
-            raise Retryable(
-                GatewayError(502, f"backend {backend.id} is unreachable"), "connect"
-            ) from exc
+            raise _retryable(bid, exc) from exc
         try:
             if resp.status >= 500 or resp.status == 429:
                 await resp.read(wait)
+                resp.release()
                 raise Retryable(
-                    GatewayError(502, f"backend {backend.id} answered {resp.status}"),
+                    GatewayError(502, f"backend {bid} answered {resp.status}"),
                     f"status_{resp.status}",
                 )
             if not stream or resp.status != 200:
-                return Upstream(backend, resp, await resp.read(wait), False)
-            return Upstream(backend, resp, await resp.readany(wait), True)
+                body = await resp.read(wait)
+                resp.release()
+                if 200 <= resp.status < 300 and not _is_json(body):
+                    raise Retryable(
+                        GatewayError(
+                            502,
+                            f"backend {bid} answered {resp.status} with a body that is not JSON",
+                            code="upstream_error",
+                        ),
+                        "garbage",
+                    )
+                return Upstream(backend, resp, body, False)
+            events = SSEScanner(self.gw.settings.limits.response_body_bytes)
+            first = await resp.readany(wait)
+            ok = events.feed(first)
+            if ok and resp.ended():
+                ok = events.finish()
+            if not ok:
+                raise Retryable(
+                    GatewayError(
+                        502,
+                        f"backend {bid} answered a stream that is not server-sent events",
+                        code="upstream_error",
+                    ),
+                    "garbage",
+                )
+            backend.progress_at = time.monotonic()
+            return Upstream(backend, resp, first, True, events=events)
         except TimeoutError as exc:
             resp.close()
             raise Retryable(
-                GatewayError(504, f"backend {backend.id} sent no response in time"),
+                GatewayError(504, f"backend {bid} sent no response in time"),
                 "first_byte_timeout",
             ) from exc
         except UpstreamError as exc:
             resp.close()
-            raise Retryable(
-                GatewayError(502, f"backend {backend.id} failed before responding"), "broken"
-            ) from exc
+            raise _retryable(bid, exc) from exc
         except BaseException:
             resp.close()
             raise
-        finally:
-            if not stream:
-                resp.release()
 
     def _respond(
         self,
@@ -545,7 +614,7 @@ class Proxy:
             gw.pool.succeeded(b)
         headers = [(k, v) for k, v in up.response.raw_headers if k.lower() not in _DROP_DOWN]
         headers.append((b"x-edgeroute-backend", b.id.encode()))
-        headers.append((b"x-request-id", rid.encode()))
+        headers.append((b"x-request-id", rid.encode("ascii")))
         status = up.response.status
         overhead = (t_sent - t0) - upstream_wait + (time.perf_counter() - t_back)
         headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
@@ -571,6 +640,9 @@ class Proxy:
         itl = series(gw.metrics.itl, model, b.id)
         last = t_first
         response = up.response
+        events = up.events
+        assert events is not None
+        entry = up.entry
         clean = False
         try:
             if up.first:
@@ -579,18 +651,31 @@ class Proxy:
             while not clean:
                 chunk = await response.readany(self._idle)
                 if not chunk:
+                    if not events.finish():
+                        raise _NotSSE
                     clean = True
                     break
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
-                if up.entry is not None:
-                    up.entry.generated += 1  # an SSE chunk is about a token
+                b.progress_at = time.monotonic()
+                if not events.feed(chunk):
+                    raise _NotSSE
+                if entry is not None:
+                    entry.generated = events.data_events
                 clean = response.ended()  # RelayResponse ends the stream with this one
+                if clean and not events.finish():
+                    raise _NotSSE
                 yield chunk
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError, _NotSSE) as exc:
+            clean = False
             status = "502"
-            reason = "went silent" if isinstance(exc, TimeoutError) else "failed"
+            if isinstance(exc, TimeoutError):
+                reason = "went silent"
+            elif isinstance(exc, _NotSSE):
+                reason = "sent bytes that are not server-sent events"
+            else:
+                reason = _REASONS.get(exc.reason, "failed")
             gw.pool.failed(b)
             log.warning("backend %s %s mid-stream", b.id, reason)
             err = GatewayError(
@@ -608,7 +693,7 @@ class Proxy:
                 up.response.release()
             else:
                 up.response.close()  # the backend sees the disconnect and stops
-            self._finished(up, model, status, t0, up.entry.generated if up.entry else 0)
+            self._finished(up, model, status, t0, events.tokens)
 
     def _finished(self, up: Upstream, model: str, status: str, t0: float, tokens: int) -> None:
         """Account for a request that has ended, well or not, on `up.backend`."""
@@ -627,6 +712,25 @@ class Proxy:
         per_token = elapsed / tokens
         gw.metrics.qos_token_latency.observe(per_token)
         series(gw.metrics.qos_requests, "met" if per_token <= target else "missed").inc()
+
+
+def _retryable(backend_id: str, exc: UpstreamError) -> Retryable:
+    # A stall is a backend that did not answer in time, as a timeout is.
+    status = 504 if exc.reason == "stalled" else 502
+    message = f"backend {backend_id} {_REASONS.get(exc.reason, exc.reason)}"
+    return Retryable(GatewayError(status, message, code="upstream_error"), exc.reason)
+
+
+class _NotSSE(Exception):
+    """A stream's bytes broke the server-sent-events framing."""
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 class _Raw(Response):

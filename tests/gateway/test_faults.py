@@ -43,7 +43,7 @@ def test_a_hanging_worker_times_out_opens_its_circuit_and_recovers(
     url, gw = start_gateway(
         [{"url": hung_url, "id": "hung"}, {"url": ok_url, "id": "ok"}],
         routing={"default": {"policy": "round_robin"}},
-        timeouts={"connect": 0.5, "first_byte": 0.3, "idle": 1.0, "scrape": 0.5},
+        timeouts={"connect": 0.5, "first_byte": 0.3, "response": 0.3, "idle": 1.0, "scrape": 0.5},
         circuit={"failures": 2, "open_seconds": 1.0},
     )
     hung.config.fault.mode = "hang"
@@ -52,8 +52,17 @@ def test_a_hanging_worker_times_out_opens_its_circuit_and_recovers(
     assert all(r.status_code == 200 for r in answers)
     assert {r.headers["x-edgeroute-backend"] for r in answers} == {"ok"}
     assert not gw.pool.get("hung").circuit.available(time.monotonic())
+    # Still hanging, but answering /health: past each cool-down one real request is
+    # the trial, fails, and the circuit opens again. Health alone never closes it.
+    circuit = gw.pool.get("hung").circuit
+    wait_until(lambda: circuit.state.name == "HALF_OPEN", timeout=10)
+    time.sleep(0.5)  # several good health probes
+    assert circuit.state.name == "HALF_OPEN"
+    assert ask(url).headers["x-edgeroute-backend"] == "ok"  # the trial failed, retried
+    assert circuit.state.name == "OPEN"
     hung.config.fault.mode = "none"
-    wait_until(lambda: gw.pool.get("hung").circuit.state.name == "CLOSED", timeout=10)
+    wait_until(lambda: circuit.state.name == "HALF_OPEN", timeout=10)
+    wait_until(lambda: ask(url).status_code == 200 and circuit.state.name == "CLOSED")
     seen = Counter(ask(url).headers["x-edgeroute-backend"] for _ in range(6))
     assert seen == {"hung": 3, "ok": 3}
 

@@ -240,12 +240,24 @@ def test_circuit_opens_on_failures_and_recovers(start_worker: Start, start_gatew
             'edgeroute_backend_circuit_state{backend="flaky"} 2.0'
             in httpx.get(url + "/metrics").text
         ),
-        timeout=2,
+        timeout=30,
     )
-    # Still broken for requests, but /health answers: the probe closes the circuit once
-    # the cool-down has passed; fix the worker first so the next requests succeed.
+    # Fixed, and /health answers, but only a request served closes the circuit: past
+    # the cool-down it is half-open until the next request there (its trial) succeeds.
     flaky.config.fault.mode = "none"
-    wait_until(lambda: state() == "closed", timeout=5)
+    wait_until(lambda: state() == "half_open", timeout=30)
+    time.sleep(0.3)  # a few good health probes
+    assert state() == "half_open"
+    wait_until(
+        lambda: (
+            httpx.post(url + CHAT, json={"model": MODEL, "messages": MSG, "max_tokens": 1})
+            .raise_for_status()
+            .headers["x-edgeroute-backend"]
+            == "flaky"
+        ),
+        timeout=30,
+    )
+    assert state() == "closed"
     seen = Counter(
         httpx.post(url + CHAT, json={"model": MODEL, "messages": MSG, "max_tokens": 1}).headers[
             "x-edgeroute-backend"
