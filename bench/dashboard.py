@@ -95,6 +95,7 @@ def _fleet(data_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
                 speedup=SPEEDUP,
                 data_dir=data_dir,
                 enable_faults=True,
+                admin_token=SecretStr(WORKER_TOKEN),
             )
         )
         backends.append({"id": f"worker-{i}", "url": f"http://127.0.0.1:{port}"})
@@ -195,9 +196,12 @@ async def _drive(
                     await asyncio.wait_for(stop.wait(), 5.0)
 
         done = asyncio.Event()
+        worker_admin = {"authorization": f"Bearer {WORKER_TOKEN}"}
         pusher = asyncio.create_task(congestion(done))
         for n, phase in enumerate(PHASES):
-            await client.post(fault_url + "/admin/fault", json={"mode": phase.fault})
+            await client.post(
+                fault_url + "/admin/fault", json={"mode": phase.fault}, headers=worker_admin
+            )
             tally: Counter[str] = Counter()
             stop = asyncio.Event()
             tasks = [
@@ -217,7 +221,7 @@ async def _drive(
             rows.append({"phase": phase.name, "clients": phase.clients, **tally})
         done.set()
         await pusher
-        await client.post(fault_url + "/admin/fault", json={"mode": "none"})
+        await client.post(fault_url + "/admin/fault", json={"mode": "none"}, headers=worker_admin)
     return rows
 
 

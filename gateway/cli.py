@@ -64,6 +64,7 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
                 enable_faults=args.enable_faults,
                 overrides=_overrides(args.set or []),
                 redis_url=args.redis_url,
+                admin_token=args.admin_token,
             )
         )
     return out
@@ -244,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--data-dir", help="quality data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    worker.add_argument(
+        "--admin-token",
+        default=os.environ.get("EDGEROUTE_WORKER_ADMIN_TOKEN"),
+        help="bearer token for the worker's /admin/* (default: "
+        "$EDGEROUTE_WORKER_ADMIN_TOKEN; without one the admin API is closed)",
     )
     worker.add_argument(
         "--enable-faults",

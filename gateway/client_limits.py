@@ -5,7 +5,8 @@ sends a request open for ever. This protocol bounds the request head (lines and
 bytes, with a 431 in OpenAI's shape) and the time it may take to arrive: a
 connection must deliver a complete head within `header_seconds` of opening, or of
 the first byte of each later request. Idle keep-alive connections are closed by
-uvicorn's own `timeout_keep_alive`.
+uvicorn's own `timeout_keep_alive`. Written against uvicorn 0.54's HttpToolsProtocol
+(tests/gateway/test_data_plane.py checks both limits through a real server).
 """
 
 from __future__ import annotations
@@ -54,32 +55,37 @@ def limited_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
     rejection = _too_large_response(limits)
 
     class LimitedProtocol(HttpToolsProtocol):
+        # One timer per connection, re-armed while the connection lives: a timer per
+        # request would cost more than the check. A head in progress longer than
+        # `header_seconds` when it fires closes the connection.
         _head_timer: asyncio.TimerHandle | None = None
+        _head_started: float | None = None
         _head_lines = 0
         _head_bytes = 0
         _too_large = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._head_started = self.loop.time()
+            self._head_timer = self.loop.call_later(limits.header_seconds, self._check)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(limits.header_seconds, self._expired)
-
-        def _disarm(self) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+            super().connection_lost(exc)
 
-        def _expired(self) -> None:
+        def _check(self) -> None:
             self._head_timer = None
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            started = self._head_started
+            now = self.loop.time()
+            if started is not None and now - started >= limits.header_seconds:
                 self.transport.close()
+                return
+            wait = limits.header_seconds - (now - started if started is not None else 0.0)
+            self._head_timer = self.loop.call_later(wait, self._check)
 
         def data_received(self, data: bytes) -> None:
             if self._too_large:
@@ -105,25 +111,29 @@ def limited_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
             super().on_message_begin()
             self._head_lines = 0
             self._head_bytes = 0
-            self._arm()
+            self._head_started = self.loop.time()
 
-        def _count(self, size: int, line: int) -> None:
-            self._head_lines += line
-            self._head_bytes += size
+        # uvicorn's own on_url and on_header, with the count in the same call.
+        def on_url(self, url: bytes) -> None:
+            self._head_bytes += len(url)
+            if self._head_bytes > limits.max_header_bytes:
+                self._too_large = True
+                raise _HeadTooLarge
+            self.url += url
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_lines += 1
+            self._head_bytes += len(name) + len(value) + 4
             if self._head_lines > limits.max_headers or self._head_bytes > limits.max_header_bytes:
                 self._too_large = True
                 raise _HeadTooLarge
-
-        def on_url(self, url: bytes) -> None:
-            self._count(len(url), 0)
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4, 1)
-            super().on_header(name, value)
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:
-            self._disarm()
+            self._head_started = None
             super().on_headers_complete()
 
     return LimitedProtocol

@@ -39,7 +39,8 @@ DECISION = (
 @functools.lru_cache(maxsize=8192)
 def series(metric: MetricWrapperBase, *values: str) -> Any:
     """`metric.labels(*values)`, remembered. labels() takes a lock and builds its key on
-    every call, and the request path needs several series per request."""
+    every call, and the request path needs several series per request. (Label values
+    are bounded: known models, configured backends, fixed reasons.)"""
     return metric.labels(*values)
 
 
@@ -96,6 +97,13 @@ class GatewayMetrics:
             "edgeroute_retries",
             "Attempts moved to another backend before the first byte.",
             ["backend", "reason"],
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "edgeroute_output_tokens",
+            "Completion tokens relayed: the backend's usage when it sent one, else one "
+            "per streamed data event.",
+            ["model", "backend"],
             registry=r,
         )
         self.stalls = Counter(

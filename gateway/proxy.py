@@ -553,8 +553,11 @@ class Proxy:
                     GatewayError(502, f"backend {bid} answered {resp.status}"),
                     f"status_{resp.status}",
                 )
+            echoed = _sent_id(headers) if backend.config.echoes_request_id else None
             if not stream or resp.status != 200:
                 body = await resp.read(wait)
+                if echoed is not None and resp.status == 200 and not _named(body, echoed):
+                    raise _mismatch(bid)
                 resp.release()
                 if 200 <= resp.status < 300 and not _is_json(body):
                     raise Retryable(
@@ -571,6 +574,8 @@ class Proxy:
             ok = events.feed(first)
             if ok and resp.ended():
                 ok = events.finish()
+            if echoed is not None and not _named(first, echoed):
+                raise _mismatch(bid)
             if not ok:
                 raise Retryable(
                     GatewayError(
@@ -621,11 +626,8 @@ class Proxy:
         gw.metrics.overhead.observe(overhead)
         if not up.streaming:
             headers.append((b"content-length", str(len(up.first)).encode()))
-            tokens = 0
-            if up.entry is not None and up.entry.token_target is not None:
-                found = _COMPLETION_TOKENS.search(up.first)
-                tokens = int(found.group(1)) if found else 0
-            self._finished(up, model, str(status), t0, tokens)
+            found = _COMPLETION_TOKENS.search(up.first) if status == 200 else None
+            self._finished(up, model, str(status), t0, int(found.group(1)) if found else 0)
             return _Raw(status, headers, up.first)
         series(gw.metrics.ttft, model, b.id).observe(t_back - t0)
         relay = self._relay(up, model, t0, t_back)
@@ -703,6 +705,8 @@ class Proxy:
         gw.pool.finished(b, up.entry)
         series(gw.metrics.requests, model, b.id, status).inc()
         series(gw.metrics.e2e, model, b.id).observe(elapsed)
+        if tokens:
+            series(gw.metrics.output_tokens, model, b.id).inc(tokens)
         target = up.entry.token_target if up.entry is not None else None
         if target is None or status == "499":
             return
@@ -719,6 +723,27 @@ def _retryable(backend_id: str, exc: UpstreamError) -> Retryable:
     status = 504 if exc.reason == "stalled" else 502
     message = f"backend {backend_id} {_REASONS.get(exc.reason, exc.reason)}"
     return Retryable(GatewayError(status, message, code="upstream_error"), exc.reason)
+
+
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*"([^"]*)"')
+
+
+def _sent_id(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return next((v for k, v in headers if k == b"x-request-id"), b"")
+
+
+def _named(body: bytes, request_id: bytes) -> bool:
+    """Does the answer's first `id` end with `request_id`? (True when it has none yet.)"""
+    found = _ANSWER_ID.search(body)
+    return found is None or found.group(1).endswith(request_id)
+
+
+def _mismatch(backend_id: str) -> Retryable:
+    # Another request's answer: the connection is closed, the request goes elsewhere.
+    return Retryable(
+        GatewayError(502, f"backend {backend_id} answered another request", code="upstream_error"),
+        "crossed",
+    )
 
 
 class _NotSSE(Exception):

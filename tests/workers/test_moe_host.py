@@ -39,12 +39,19 @@ def per_token(url: str, task: str) -> float:
 def test_remote_experts_cost_time_and_a_new_placement_removes_the_cost(
     start_worker: Callable[..., tuple[str, Any]],
 ) -> None:
-    url, worker = start_worker(profile="mixtral-8x7b-chat", speedup=10.0, moe={"hosted": HALF})
+    url, worker = start_worker(
+        profile="mixtral-8x7b-chat", speedup=10.0, moe={"hosted": HALF}, admin_token="s3cret"
+    )
     slow = per_token(url, "gsm8k")
     stats = httpx.get(url + "/moe/stats").json()
     assert stats["classes"]["gsm8k"] and len(stats["classes"]["gsm8k"]) == 32
     assert 0.2 < stats["local_ratio"] < 0.8  # about half the activations are remote
-    r = httpx.put(url + "/admin/placement", json={"hosted": EVERYTHING}, timeout=60)
+    r = httpx.put(
+        url + "/admin/placement",
+        json={"hosted": EVERYTHING},
+        headers={"authorization": "Bearer s3cret"},
+        timeout=60,
+    )
     assert r.status_code == 200
     # 128 experts moved at 0.35 GB / 2 GB/s each: the emulated transfer time.
     assert r.json()["transfer_s"] == pytest.approx(128 * 0.35 / 2.0)

@@ -1,0 +1,95 @@
+"""Where settings come from, and which source wins (finding 14)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import load_settings
+
+FILE = """
+routing:
+  default: {policy: least_load}
+  models:
+    big: {policy: prefix_cache}
+timeouts:
+  first_byte: 7
+  idle: 9
+retries: 4
+max_inflight: 100
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    p = tmp_path / "gateway.yaml"
+    p.write_text(FILE)
+    return p
+
+
+def test_the_file_alone(config: Path) -> None:
+    s = load_settings(config)
+    assert s.routing.default.policy == "least_load"
+    assert s.routing.models["big"].policy == "prefix_cache"
+    assert (s.timeouts.first_byte, s.timeouts.idle, s.retries) == (7, 9, 4)
+
+
+def test_the_environment_overrides_nested_keys_and_keeps_the_rest(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEROUTE_ROUTING__DEFAULT__POLICY", "cla")
+    monkeypatch.setenv("EDGEROUTE_TIMEOUTS__IDLE", "5")
+    s = load_settings(config)
+    assert s.routing.default.policy == "cla"
+    assert s.routing.models["big"].policy == "prefix_cache"  # the file's, kept
+    assert s.timeouts.idle == 5 and s.timeouts.first_byte == 7
+
+
+def test_dotenv_sits_between_the_environment_and_the_file(
+    config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("EDGEROUTE_RETRIES=1\nEDGEROUTE_MAX_INFLIGHT=7\n")
+    s = load_settings(config, env_file=env_file)
+    assert (s.retries, s.max_inflight) == (1, 7)
+    monkeypatch.setenv("EDGEROUTE_RETRIES", "3")
+    s = load_settings(config, env_file=env_file)
+    assert (s.retries, s.max_inflight) == (3, 7)
+
+
+def test_arguments_win_over_everything(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEROUTE_RETRIES", "3")
+    monkeypatch.setenv("EDGEROUTE_TIMEOUTS__IDLE", "5")
+    s = load_settings(config, retries=0, timeouts={"idle": 1})
+    assert s.retries == 0 and s.timeouts.idle == 1 and s.timeouts.first_byte == 7
+
+
+def test_the_config_file_from_the_environment(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEROUTE_CONFIG", str(config))
+    assert load_settings().retries == 4
+
+
+def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEROUTE_CONFIG", raising=False)
+    s = load_settings()
+    assert s.retries == 2 and s.timeouts.first_byte == 30.0
+
+
+def test_a_missing_or_malformed_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_settings(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_settings(bad)
+
+
+def test_secrets_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEROUTE_REDIS_URL", "redis://:hunter2@store:6379/0")
+    monkeypatch.setenv("EDGEROUTE_ADMIN_TOKEN", "adm1n")
+    s = load_settings()
+    assert "hunter2" not in repr(s) and "adm1n" not in repr(s)
+    assert s.redis_url is not None and "hunter2" in s.redis_url.get_secret_value()
