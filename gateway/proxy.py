@@ -68,7 +68,6 @@ _DROP_DOWN = frozenset(
     b"proxy-connection date server".split()
 )
 MAX_TOKENS_LIMIT = 1 << 24
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 # An x-request-id the gateway echoes and forwards as given; others are replaced.
 _REQUEST_ID = re.compile(rb"[!-~]{1,200}")
 _REASONS = {
@@ -99,6 +98,7 @@ class Upstream:
     streaming: bool  # more chunks may follow `first`
     entry: InflightEntry | None = None
     events: SSEScanner | None = None  # a stream's framing check and token count
+    answer: Any = None  # a whole 2xx answer, parsed once (it must be JSON)
 
 
 def _text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
@@ -426,10 +426,10 @@ class Proxy:
             return self._respond(up, model, rid, t0, t_prefill_sent, time.perf_counter(), False)
         gw.pool.succeeded(prefill)
         try:
-            params = orjson.loads(up.first)["kv_transfer_params"]
+            params = up.answer["kv_transfer_params"]
             if not isinstance(params, dict):
                 raise TypeError
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             raise GatewayError(
                 502,
                 f"prefill backend {prefill.id} returned no kv_transfer_params",
@@ -556,10 +556,11 @@ class Proxy:
             echoed = _sent_id(headers) if backend.config.echoes_request_id else None
             if not stream or resp.status != 200:
                 body = await resp.read(wait)
-                if echoed is not None and resp.status == 200 and not _named(body, echoed):
+                answer = _parse(body) if 200 <= resp.status < 300 else None
+                if echoed is not None and resp.status == 200 and not _answer_named(answer, echoed):
                     raise _mismatch(bid)
                 resp.release()
-                if 200 <= resp.status < 300 and not _is_json(body):
+                if answer is _NOT_JSON:
                     raise Retryable(
                         GatewayError(
                             502,
@@ -568,7 +569,7 @@ class Proxy:
                         ),
                         "garbage",
                     )
-                return Upstream(backend, resp, body, False)
+                return Upstream(backend, resp, body, False, answer=answer)
             events = SSEScanner(self.gw.settings.limits.response_body_bytes)
             first = await resp.readany(wait)
             ok = events.feed(first)
@@ -626,8 +627,8 @@ class Proxy:
         gw.metrics.overhead.observe(overhead)
         if not up.streaming:
             headers.append((b"content-length", str(len(up.first)).encode()))
-            found = _COMPLETION_TOKENS.search(up.first) if status == 200 else None
-            self._finished(up, model, str(status), t0, int(found.group(1)) if found else 0)
+            tokens = _completion_tokens(up.answer) if status == 200 else 0
+            self._finished(up, model, str(status), t0, tokens)
             return _Raw(status, headers, up.first)
         series(gw.metrics.ttft, model, b.id).observe(t_back - t0)
         relay = self._relay(up, model, t0, t_back)
@@ -732,10 +733,16 @@ def _sent_id(headers: list[tuple[bytes, bytes]]) -> bytes:
     return next((v for k, v in headers if k == b"x-request-id"), b"")
 
 
-def _named(body: bytes, request_id: bytes) -> bool:
-    """Does the answer's first `id` end with `request_id`? (True when it has none yet.)"""
-    found = _ANSWER_ID.search(body)
+def _named(chunk: bytes, request_id: bytes) -> bool:
+    """Does a stream's first `id` end with `request_id`? (True when it has none yet.)"""
+    found = _ANSWER_ID.search(chunk)
     return found is None or found.group(1).endswith(request_id)
+
+
+def _answer_named(answer: Any, request_id: bytes) -> bool:
+    """Does a whole answer's `id` end with `request_id`? (True when it has none.)"""
+    rid = answer.get("id") if isinstance(answer, dict) else None
+    return not isinstance(rid, str) or rid.encode().endswith(request_id)
 
 
 def _mismatch(backend_id: str) -> Retryable:
@@ -750,12 +757,22 @@ class _NotSSE(Exception):
     """A stream's bytes broke the server-sent-events framing."""
 
 
-def _is_json(body: bytes) -> bool:
+_NOT_JSON = object()
+
+
+def _parse(body: bytes) -> Any:
+    """The body as JSON, or `_NOT_JSON`."""
     try:
-        orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False
-    return True
+        return _NOT_JSON
+
+
+def _completion_tokens(answer: Any) -> int:
+    """The answer's `usage.completion_tokens`, or 0."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
 
 
 class _Raw(Response):
