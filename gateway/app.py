@@ -33,7 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.openapi import CHAT_BODY, COMPLETION_BODY
 from gateway.oracle_api import oracle_router
-from gateway.prism_scheduler import PrismScheduler
+from gateway.prism_scheduler import PlacementRefused, PrismScheduler
 from gateway.proxy import Proxy
 from gateway.relay import ClientWatch, Receive, Scope, Send
 from gateway.settings import BackendConfig, RoutingConfig, Settings
@@ -338,6 +338,8 @@ def _admin_router(gw: Gateway) -> APIRouter:
             candidate = await gw.prism.replan(force=True)
         except ValueError as exc:
             raise GatewayError(409, str(exc)) from exc
+        except PlacementRefused as exc:
+            raise GatewayError(502, str(exc), code="upstream_error") from exc
         return _json(candidate)
 
     @r.post("/prism/freeze")

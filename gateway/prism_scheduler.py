@@ -38,6 +38,15 @@ log = logging.getLogger("edgeroute.prism")
 HISTORY = 100  # adopted plans kept
 
 
+class PlacementRefused(Exception):
+    """Some backends did not take their new experts; the map keeps their old ones."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        listed = "; ".join(f"{b}: {why}" for b, why in sorted(failures.items()))
+        super().__init__(f"the new placement was not applied on every backend ({listed})")
+        self.failures = failures
+
+
 class PrismScheduler:
     def __init__(
         self, gateway: Gateway, replan_seconds: float = 300.0, stats_interval: float = 5.0
@@ -76,6 +85,8 @@ class PrismScheduler:
                         await self.replan(force=False)
             except asyncio.CancelledError:
                 raise
+            except PlacementRefused as exc:
+                log.warning("%s", exc)
             except Exception:
                 log.exception("prism scheduler step failed")
             await asyncio.sleep(self.stats_interval)
@@ -205,14 +216,22 @@ class PrismScheduler:
             "forced": force,
             "at": time.time(),
         }
+        failures: dict[str, str] = {}
         if adopt:
-            pushes = []
-            for n, b in enumerate(backends):
-                hosted = sorted(new.on_server(n))
-                if hosted != sorted(self.map.get(b.id, [])):
-                    pushes.append(self._push(b, hosted))
-                self.map[b.id] = hosted
-            await asyncio.gather(*pushes)
+            changed = [(b, sorted(new.on_server(n))) for n, b in enumerate(backends)]
+            changed = [(b, h) for b, h in changed if h != sorted(self.map.get(b.id, []))]
+            results = await asyncio.gather(
+                *(self._push(b, h) for b, h in changed), return_exceptions=True
+            )
+            for (b, hosted), result in zip(changed, results, strict=True):
+                if isinstance(result, httpx.HTTPError):
+                    failures[b.id] = _describe(result)
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    self.map[b.id] = hosted  # what the backend now holds
+            if failures:
+                self.candidate["failed_pushes"] = failures
             self.history = [*self.history, dict(self.candidate)][-HISTORY:]
             self._feed_policy()
             log.info(
@@ -222,6 +241,8 @@ class PrismScheduler:
                 mig,
             )
         await self._publish({"candidate": self.candidate, "history": self.history})
+        if failures:
+            raise PlacementRefused(failures)
         return self.candidate
 
     async def _push(self, backend: Any, hosted: list[tuple[int, int]]) -> None:
@@ -245,3 +266,9 @@ class PrismScheduler:
             "history": self.history,
             "local_ratio": {k: r.get("local_ratio") for k, r in self.reports.items()},
         }
+
+
+def _describe(error: httpx.HTTPError) -> str:
+    if isinstance(error, httpx.HTTPStatusError):
+        return f"answered {error.response.status_code}"
+    return type(error).__name__

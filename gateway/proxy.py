@@ -211,7 +211,7 @@ class Proxy:
         try:
             require_client_key(_text(hdrs, b"authorization"), self.gw.settings.api_keys)
             raw = await self._read_body(request, hdrs)
-            watch.start(request.receive)
+            watch.start(request.scope, request.receive)
             try:
                 parsed = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:

@@ -1,10 +1,11 @@
 """Noticing a departed client at once, and relaying a stream chunk by chunk.
 
 A proxy must stop its upstream request as soon as the client leaves, not at its
-next write. `ClientWatch` waits on `receive()` for `http.disconnect` in one small
-task per request and cancels the request's own task when it comes; everything else
-(waiting for the backend, relaying) runs in the request's task, so a request costs
-one extra task rather than one per phase.
+next write. `ClientWatch` cancels the request's own task when the client leaves;
+everything else (waiting for the backend, relaying) runs in that task. The
+gateway's own HTTP protocol (`gateway.client_protocol`) tells it through a callback
+in the scope; under any other ASGI server it waits on `receive()` for
+`http.disconnect` in one small task per request.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+# A scope key: a callable that takes a callback for the server to call if the
+# connection is lost before the response is complete.
+DISCONNECT_HOOK = "edgeroute.on_disconnect"
+
 
 class ClientWatch:
     """Cancels the current task if the client disconnects before `finish()`.
@@ -32,19 +37,26 @@ class ClientWatch:
     def __init__(self) -> None:
         self.gone = False
         self._finished = False
+        self._task: asyncio.Task[Any] | None = None
         self._watch: asyncio.Task[None] | None = None
 
-    def start(self, receive: Receive) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._watch = asyncio.get_running_loop().create_task(self._run(receive, task))
+    def start(self, scope: Scope, receive: Receive) -> None:
+        self._task = asyncio.current_task()
+        hook = scope.get(DISCONNECT_HOOK)
+        if hook is not None:
+            hook(self._left)
+        else:
+            self._watch = asyncio.get_running_loop().create_task(self._run(receive))
 
-    async def _run(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+    async def _run(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        if not self._finished:
+        self._left()
+
+    def _left(self) -> None:
+        if not self._finished and self._task is not None:
             self.gone = True
-            task.cancel()
+            self._task.cancel()
 
     def client_left(self) -> bool:
         """On `CancelledError`: True, with the cancellation taken back, when it came from

@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 from pydantic import SecretStr
 
-from gateway.client_limits import ClientLimits, limited_protocol
+from gateway.client_protocol import ClientLimits, limited_protocol
 
 
 class _Server(uvicorn.Server):
@@ -38,7 +38,7 @@ def make_server(
     listener: Listener, log_level: str = "warning", graceful_seconds: int = 5
 ) -> uvicorn.Server:
     limits = listener.limits
-    # httptools gets every limit (see client_limits); h11 bounds the head's size.
+    # httptools gets every limit (see client_protocol); h11 bounds the head's size.
     http: Any = limited_protocol(limits) if listener.http == "httptools" else listener.http
     config = uvicorn.Config(
         listener.app,

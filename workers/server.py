@@ -361,7 +361,7 @@ class Worker:
                 pass
 
         watch = ClientWatch()
-        watch.start(request.receive)
+        watch.start(request.scope, request.receive)
         try:
             await until_done()
         except asyncio.CancelledError:

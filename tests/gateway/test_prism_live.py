@@ -104,6 +104,42 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
         assert r.status_code == 200 and "worker-secret" not in r.text
 
 
+def test_a_worker_that_refuses_its_placement_is_a_502_and_keeps_its_experts(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    # The hostile twin of the push: worker "b" refuses it (the gateway holds a wrong
+    # token for it), worker "a" takes it.
+    backends = []
+    for name, lo, token in (("a", 0, "worker-secret"), ("b", 4, "not-the-secret")):
+        hosted = [(la, e) for la in range(32) for e in range(lo, lo + 4)]
+        url, _ = start_worker(
+            profile="mixtral-8x7b-chat",
+            speedup=20.0,
+            served_model_names=["mixtral-8x7b-chat", MODEL],
+            moe={"hosted": hosted},
+            admin_token="worker-secret",
+        )
+        moe = {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [50.0]}
+        backends.append({"url": url, "id": name, "moe": {**moe, "admin_token": token}})
+    url, gw = start_gateway(
+        backends, routing={"default": {"policy": "prism"}}, prism_replan_seconds=3600
+    )
+    for task in ("gsm8k", "humaneval"):
+        ask(url, task)
+    r = httpx.post(url + "/admin/prism/plan", headers=TOKEN, timeout=120)
+    assert r.status_code == 502, r.text
+    error = r.json()["error"]
+    assert error["code"] == "upstream_error" and "b: answered 401" in error["message"]
+    assert "a:" not in error["message"]
+    stats = {b["id"]: httpx.get(b["url"] + "/moe/stats").json() for b in backends}
+    assert stats["a"]["migrations"] == 1 and len(stats["a"]["hosted"]) == 160
+    assert stats["b"]["migrations"] == 0 and len(stats["b"]["hosted"]) == 128
+    state = httpx.get(url + "/admin/prism", headers=TOKEN).json()
+    assert state["map"]["a"]["experts"] == 160 and state["map"]["b"]["experts"] == 128
+    assert state["candidate"]["failed_pushes"] == {"b": "answered 401"}
+    assert "not-the-secret" not in r.text and "worker-secret" not in r.text
+
+
 def test_replicas_share_the_plan_the_freeze_and_one_planner(
     start_worker: Start, start_gateway: Start, redis_server: RedisProcess
 ) -> None:

@@ -184,11 +184,14 @@ def test_an_aborting_backend_ends_the_stream_with_an_error_event(
     assert not any("[DONE]" in line for line in lines)
 
 
+# httptools: the gateway's own protocol tells the request (a scope hook); h11: the
+# request's watch task sees `http.disconnect`, as under any ASGI server.
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_client_disconnect_cancels_the_upstream_request(
-    start_worker: Start, start_gateway: Start
+    start_worker: Start, start_gateway: Start, parser: str
 ) -> None:
     w, worker = start_worker(speedup=1.0)
-    url, gw = start_gateway([w])
+    url, gw = start_gateway([w], http_parser=parser)
     with httpx.stream(
         "POST",
         url + CHAT,

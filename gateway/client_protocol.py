@@ -1,23 +1,35 @@
-"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol, with limits.
+"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol, with limits and
+a disconnect notice.
 
 uvicorn (0.54) buffers request headers of any size and keeps a connection that never
 sends a request open for ever. This protocol bounds the request head (lines and
 bytes, with a 431 in OpenAI's shape) and the time it may take to arrive: a
 connection must deliver a complete head within `header_seconds` of opening, or of
 the first byte of each later request. Idle keep-alive connections are closed by
-uvicorn's own `timeout_keep_alive`. Written against uvicorn 0.54's HttpToolsProtocol
-(tests/gateway/test_data_plane.py checks both limits through a real server).
+uvicorn's own `timeout_keep_alive`.
+
+A proxy must stop its upstream request when the client leaves (see
+`gateway.relay.ClientWatch`). ASGI offers only a task waiting on `receive()` for
+that; this protocol also puts a hook in each request's scope
+(`relay.DISCONNECT_HOOK`) through which the request registers a callback that the
+protocol calls if the connection is lost before the response is complete: no task
+per request. Written against uvicorn 0.54's HttpToolsProtocol
+(tests/gateway/test_data_plane.py checks the limits and tests/gateway/test_proxy.py
+the disconnect notice, through a real server).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.relay import DISCONNECT_HOOK
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ def limited_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
         _head_lines = 0
         _head_bytes = 0
         _too_large = False
+        _on_lost: Callable[[], None] | None = None  # the running request's, if it asked
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -74,6 +87,9 @@ def limited_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
                 self._head_timer.cancel()
                 self._head_timer = None
             super().connection_lost(exc)
+            on_lost, self._on_lost = self._on_lost, None
+            if on_lost is not None:
+                on_lost()
 
         def _check(self) -> None:
             self._head_timer = None
@@ -135,5 +151,15 @@ def limited_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._head_started = None
             super().on_headers_complete()
+            self.scope[DISCONNECT_HOOK] = self._notify_on_loss  # type: ignore[literal-required]
+
+        def _notify_on_loss(self, callback: Callable[[], None]) -> None:
+            self._on_lost = callback
+            # A large upload can leave reading paused; the loss is seen only when reading.
+            self.flow.resume_reading()
+
+        def on_response_complete(self) -> None:
+            self._on_lost = None
+            super().on_response_complete()
 
     return LimitedProtocol
