@@ -45,7 +45,7 @@ from gateway.store import (
 )
 from gateway.upstream import ResponseLimits, UpstreamPool
 from oracle.state import OracleState
-from policies import Pipeline, PipelineSpec, Policy, build_policy
+from policies import Need, PipelineSpec, Policy, build_policy
 
 log = logging.getLogger("edgeroute.gateway")
 
@@ -149,10 +149,11 @@ class Gateway:
         self.decode_pipeline = build_policy(routing.decode)
         self._default = build_policy(routing.default)
         self._pipelines = {m: build_policy(spec) for m, spec in routing.models.items()}
-        learned = [
-            p for p in (self._default, *self._pipelines.values()) if not isinstance(p, Pipeline)
-        ]
-        self.pool.track_requests = bool(learned)
+        policies = (self.prefill_pipeline, self.decode_pipeline, self._default)
+        needs = frozenset().union(*(p.needs for p in (*policies, *self._pipelines.values())))
+        self.pool.track_requests = Need.INFLIGHT_REQUESTS in needs
+        self.pool.provide_network = Need.ORACLE in needs
+        self.pool.rebuild()
 
     def pipeline_for(self, model: str) -> Policy:
         return self._pipelines.get(model, self._default)
@@ -196,7 +197,7 @@ class Gateway:
     def transfer_started(self, prefill: str, tier: str, intent: dict[str, Any]) -> None:
         key = (prefill, tier)
         self.contention[key] = self.contention.get(key, 0) + 1
-        self.pool.set_network(self.pool.view.oracle, self.contention)
+        self.pool.set_network(self.pool.oracle, self.contention)
         self.intents.append(intent)
 
     def transfer_finished(self, prefill: str, tier: str) -> None:
@@ -206,7 +207,7 @@ class Gateway:
             self.contention[key] = left
         else:
             self.contention.pop(key, None)
-        self.pool.set_network(self.pool.view.oracle, self.contention)
+        self.pool.set_network(self.pool.oracle, self.contention)
 
     async def write_config(self, key: str, field: str, payload: str | None) -> None:
         try:

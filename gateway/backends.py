@@ -118,7 +118,10 @@ class BackendPool:
         self._stale_after = stale_after
         self._prefix_entries = prefix_entries
         self._block_tokens = block_tokens
-        self._oracle: Topology | None = None
+        self.oracle: Topology | None = None  # the operator's, whether or not policies read it
+        # What the policies declared (policies.plugins.Need): the pool provides just that.
+        self.track_requests = False  # BackendView.requests
+        self.provide_network = False  # ClusterView.oracle and self_contention
         self._contention: Mapping[tuple[str, str], int] = MappingProxyType({})
         self._backends: dict[str, Backend] = {}
         self._views: list[BackendView] = []
@@ -126,7 +129,6 @@ class BackendPool:
         self._dirty: set[Backend] = set()  # in-flight changes not yet in the view
         self.known_models: frozenset[str] = frozenset()
         self.pd_models: frozenset[str] = frozenset()
-        self.track_requests = False  # views carry in-flight requests (for QoS-DRL)
         self._hosted: dict[str, frozenset[tuple[int, int]]] = {}
         self._expert_stats: Mapping[str, Any] = MappingProxyType({})
 
@@ -229,7 +231,7 @@ class BackendPool:
         self._view = ClusterView(
             tuple(views),
             stale_after=self._stale_after,
-            oracle=self._oracle,
+            oracle=self.oracle if self.provide_network else None,
             self_contention=self._contention,
             block_tokens=self._block_tokens,
             expert_stats=self._expert_stats,
@@ -260,10 +262,11 @@ class BackendPool:
         contention: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         """The oracle snapshot and this replica's in-flight KV transfers, for NetKV."""
-        self._oracle = oracle
+        self.oracle = oracle
         if contention is not None:
             self._contention = MappingProxyType(dict(contention))
-        self._view = replace(self._view, oracle=self._oracle, self_contention=self._contention)
+        if self.provide_network:
+            self._view = replace(self._view, oracle=oracle, self_contention=self._contention)
 
     # -- request path -----------------------------------------------------------
 

@@ -34,6 +34,7 @@ from gateway.relay import ClientWatch, RelayResponse
 from gateway.sse import SSEScanner
 from gateway.upstream import Attempt, UpstreamError, UpstreamResponse
 from policies.pipeline import Policy
+from policies.plugins import Need
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
 
@@ -300,7 +301,7 @@ class Proxy:
         if model in gw.pool.pd_models:
             return await self._route_disaggregated(hdrs, path, body, headers, rid, t0)
         pipeline = gw.pipeline_for(model)
-        info = self._request_info(hdrs, body, pipeline.uses_prefix)
+        info = self._request_info(hdrs, body, Need.BLOCK_HASHES in pipeline.needs)
         up, t_sent = await self._forward(pipeline, info, path, raw, headers, model)
         return self._respond(up, model, rid, t0, t_sent, time.perf_counter(), info.stream)
 
@@ -407,7 +408,8 @@ class Proxy:
         kv_transfer_params the prefill returned."""
         gw = self.gw
         model = body["model"]
-        info = self._request_info(hdrs, body, uses_prefix=True)
+        hashed = Need.BLOCK_HASHES in gw.prefill_pipeline.needs | gw.decode_pipeline.needs
+        info = self._request_info(hdrs, body, hashed)
         prefill_body = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         prefill_body.update(max_tokens=1, stream=False, kv_transfer_params=_REMOTE_DECODE)
         up, t_prefill_sent = await self._forward(

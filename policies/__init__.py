@@ -4,7 +4,8 @@ The gateway and every simulator call the very same objects.
 """
 
 from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
-from policies.registry import PRESETS, PipelineSpec, build_pipeline, build_policy
+from policies.plugins import Need, PluginError, Registry, default_registry
+from policies.registry import PRESETS, PipelineSpec, PluginRef, build_pipeline, build_policy
 from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role
 
 __all__ = [
@@ -13,13 +14,18 @@ __all__ = [
     "ClusterView",
     "Decision",
     "Filter",
+    "Need",
     "Picker",
     "Pipeline",
     "PipelineSpec",
+    "PluginError",
+    "PluginRef",
     "Policy",
+    "Registry",
     "RequestInfo",
     "Role",
     "Scorer",
     "build_pipeline",
     "build_policy",
+    "default_registry",
 ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from oracle.cost import transfer_seconds
+from policies.plugins import Need
 from policies.types import BackendView, ClusterView, RequestInfo
 
 SELF_CONTENTION_CAP = 16
@@ -51,6 +52,7 @@ class NetKVCost:
     use_self_contention: bool = True
     use_congestion: bool = True
     name: str = "netkv"
+    needs: ClassVar[frozenset[Need]] = frozenset({Need.BLOCK_HASHES, Need.ORACLE})
 
     def cost(self, req: RequestInfo, view: ClusterView, b: BackendView) -> float:
         oracle = view.oracle

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from policies.plugins import Need, needs_of
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
 
@@ -56,7 +57,9 @@ class Policy(Protocol):
     def name(self) -> str: ...
 
     @property
-    def uses_prefix(self) -> bool: ...
+    def needs(self) -> frozenset[Need]:
+        """What the gateway must provide (see `policies.plugins.Need`)."""
+        ...
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
 
@@ -91,6 +94,7 @@ class Pipeline:
     scorers: tuple[tuple[Scorer, float], ...]
     picker: Picker
     _plan: _Plan = field(init=False, repr=False, compare=False)
+    _needs: frozenset[Need] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = 0
@@ -102,11 +106,12 @@ class Pipeline:
         # `__hash__` would run Python code on every lookup.
         plan = _Plan(object(), self.filters[:n], self.filters[n:], lone, weighted, self.picker.pick)
         object.__setattr__(self, "_plan", plan)
+        stages: list[object] = [*self.filters, *(s for s, _ in self.scorers), self.picker]
+        object.__setattr__(self, "_needs", frozenset().union(*map(needs_of, stages)))
 
     @property
-    def uses_prefix(self) -> bool:
-        """Whether requests need their prompt's block hashes computed."""
-        return any(s.name == "prefix_cache" for s, _ in self.scorers)
+    def needs(self) -> frozenset[Need]:
+        return self._needs
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
         token, per_model, rest, lone, weighted, pick = self._plan

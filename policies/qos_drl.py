@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
+from policies.plugins import Need
 from policies.qos_state import INPUTS, ExpertSnapshot, QueuedRequest, encode
 from policies.qos_text import hashed_ids
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
@@ -30,7 +31,7 @@ MAX_TOKENS = 300.0
 
 class QoSDRL:
     name = "qos_drl"
-    uses_prefix = False
+    needs = frozenset({Need.INFLIGHT_REQUESTS})
 
     def __init__(
         self, model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5

@@ -1,43 +1,45 @@
-"""Named policies and the spec that configures a pipeline, from YAML or the admin API.
+"""Named policies and the spec that configures one, from YAML or the admin API.
 
-A spec names a preset (`policy: cla`) and may override any part of it:
+A spec names a preset (`policy: cla`) and may override any part of it. Every stage
+is a plugin by type name (see `policies.plugins`), written either as its bare name or
+with parameters:
 
     policy: cla
     scorers: {prefix_cache: 0.7, load: 0.3}
     tie_epsilon: 0.02
+
+    policy: least_load
+    filters: [healthy, serves_model, {type: memory_feasible, params: {max_kv_usage: 0.9}}]
+    scorers: [{type: load, weight: 1.0}, {type: queue_depth, weight: 0.5, params: {cap: 8}}]
+    picker: {type: power_of_two}
+
+A policy that is not a pipeline (a learned one) is a plugin of kind "policy":
+`policy: qos_drl` with its `params`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from policies import filters, netkv, pickers, scorers
-from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
+from policies.pipeline import Pipeline, Policy
+from policies.plugins import Registry, default_registry
 
-FILTERS: dict[str, Callable[[], Filter]] = {
-    "healthy": filters.Healthy,
-    "serves_model": filters.ServesModel,
-    "role": filters.Role,
-    "prefill_role": lambda: filters.Role(role="prefill", name="prefill_role"),
-    "decode_role": lambda: filters.Role(role="decode", name="decode_role"),
-    "memory_feasible": filters.MemoryFeasible,
-    "kv_feasible": netkv.KVFeasible,
-}
 
-SCORERS: dict[str, Callable[[], Scorer]] = {
-    "load": scorers.Load,
-    "prefix_cache": scorers.PrefixCache,
-    "session_affinity": scorers.SessionAffinity,
-    "expert_map": scorers.ExpertMap,
-    "netkv_topology": lambda: netkv.NetKVCost(False, False, name="netkv_topology"),
-    "netkv_static": lambda: netkv.NetKVCost(True, False, name="netkv_static"),
-    "netkv_full": lambda: netkv.NetKVCost(True, True, name="netkv_full"),
-}
+class PluginRef(BaseModel):
+    """One plugin by type, with its parameters."""
 
-PICKERS = ("argmax", "power_of_two", "round_robin", "random")
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class WeightedRef(PluginRef):
+    weight: float = Field(default=1.0, ge=0.0)
+
 
 DEFAULT_FILTERS = ("healthy", "serves_model", "role")
 # Structural filters first, so that an empty result names the filter that matters.
@@ -75,67 +77,97 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def _ref(item: str | PluginRef) -> PluginRef:
+    return PluginRef(type=item) if isinstance(item, str) else item
+
+
 class PipelineSpec(BaseModel):
     """How one model's requests are routed."""
 
     model_config = ConfigDict(extra="forbid")
 
     policy: str = "least_load"
-    filters: list[str] | None = None
-    scorers: dict[str, float] | None = None
-    picker: str | None = None
-    tie_epsilon: float | None = Field(default=None, ge=0.0, le=1.0)  # None: the preset's
-    model: str | None = None  # qos_drl: the model directory (default: models/qos)
+    params: dict[str, Any] = Field(default_factory=dict)  # a policy plugin's parameters
+    filters: list[str | PluginRef] | None = None
+    scorers: dict[str, float] | list[WeightedRef] | None = None
+    picker: str | PluginRef | None = None
+    tie_epsilon: float | None = Field(default=None, ge=0.0, le=1.0)  # argmax's; None: preset's
+    model: str | None = None  # qos_drl: the model directory (shorthand for params.model)
     latency_ms: float = Field(default=30.0, gt=0)  # qos_drl: L, the per-token requirement
 
     @model_validator(mode="after")
-    def _known_names(self) -> PipelineSpec:
-        if self.policy not in PRESETS and self.policy not in LEARNED:
-            raise ValueError(f"unknown policy {self.policy!r}; known: {sorted(PRESETS)}")
-        for name in self.filters or ():
-            if name not in FILTERS:
-                raise ValueError(f"unknown filter {name!r}; known: {sorted(FILTERS)}")
-        for name, weight in (self.scorers or {}).items():
-            if name not in SCORERS:
-                raise ValueError(f"unknown scorer {name!r}; known: {sorted(SCORERS)}")
-            if not weight >= 0:
-                raise ValueError(f"scorer weight for {name!r} must be >= 0")
-        if self.picker is not None and self.picker not in PICKERS:
-            raise ValueError(f"unknown picker {self.picker!r}; known: {list(PICKERS)}")
+    def _known_names(self, info: ValidationInfo) -> PipelineSpec:
+        # Checked against the installed plugins, or a registry passed as the context.
+        context = info.context if isinstance(info.context, dict) else {}
+        registry = context.get("registry") or default_registry()
+        if self.policy not in PRESETS and not registry.has("policy", self.policy):
+            known = sorted({*PRESETS, *registry.types("policy")})
+            raise ValueError(f"unknown policy {self.policy!r}; known: {known}")
+        if self.policy in PRESETS and self.params:
+            raise ValueError(f"{self.policy!r} is a pipeline preset: give parameters to its stages")
+        for f in self.filters or ():
+            if not registry.has("filter", _ref(f).type):
+                raise ValueError(
+                    f"unknown filter {_ref(f).type!r}; known: {registry.types('filter')}"
+                )
+        for s in self.scorer_refs() if self.scorers is not None else ():
+            if not registry.has("scorer", s.type):
+                raise ValueError(f"unknown scorer {s.type!r}; known: {registry.types('scorer')}")
+            if not s.weight >= 0:
+                raise ValueError(f"scorer weight for {s.type!r} must be >= 0")
+        if self.picker is not None and not registry.has("picker", _ref(self.picker).type):
+            known = registry.types("picker")
+            raise ValueError(f"unknown picker {_ref(self.picker).type!r}; known: {known}")
         return self
 
+    def scorer_refs(self) -> list[WeightedRef]:
+        """The scorers, the preset's unless overridden."""
+        given = self.scorers if self.scorers is not None else PRESETS[self.policy].scorers
+        if isinstance(given, dict):
+            return [WeightedRef(type=n, weight=w) for n, w in given.items()]
+        return list(given)
 
-def _picker(name: str, tie_epsilon: float) -> Picker:
-    if name == "argmax":
-        return pickers.Argmax(tie_epsilon=tie_epsilon)
-    if name == "power_of_two":
-        return pickers.PowerOfTwo()
-    if name == "round_robin":
-        return pickers.RoundRobin()
-    return pickers.Random()
+    def filter_refs(self) -> list[PluginRef]:
+        given = self.filters or PRESETS[self.policy].filters
+        return [_ref(f) for f in given]
+
+    def picker_ref(self) -> PluginRef:
+        preset = PRESETS[self.policy]
+        ref = _ref(self.picker or preset.picker)
+        if ref.type == "argmax" and "tie_epsilon" not in ref.params:
+            epsilon = self.tie_epsilon if self.tie_epsilon is not None else preset.tie_epsilon
+            ref = PluginRef(type="argmax", params={**ref.params, "tie_epsilon": epsilon})
+        return ref
+
+    def policy_params(self) -> dict[str, Any]:
+        """A policy plugin's parameters, with the qos_drl shorthands folded in."""
+        params = dict(self.params)
+        if self.policy == "qos_drl":
+            if self.model is not None:
+                params.setdefault("model", self.model)
+            params.setdefault("latency_ms", self.latency_ms)
+        return params
 
 
-LEARNED = ("qos_drl",)
+def build_policy(spec: PipelineSpec, registry: Registry | None = None) -> Policy:
+    """A Pipeline for a preset; the registered policy plugin otherwise."""
+    registry = registry or default_registry()
+    if spec.policy in PRESETS:
+        return build_pipeline(spec, registry)
+    policy: Policy = registry.create("policy", spec.policy, spec.policy_params())
+    return policy
 
 
-def build_policy(spec: PipelineSpec) -> Policy:
-    """A Pipeline for the presets; the learned policy for `qos_drl`."""
-    if spec.policy == "qos_drl":
-        from pathlib import Path
-
-        from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
-
-        return QoSDRL(Path(spec.model) if spec.model else DEFAULT_MODEL_DIR, spec.latency_ms)
-    return build_pipeline(spec)
-
-
-def build_pipeline(spec: PipelineSpec) -> Pipeline:
-    preset = PRESETS[spec.policy]
-    weights = spec.scorers if spec.scorers is not None else preset.scorers
-    epsilon = spec.tie_epsilon if spec.tie_epsilon is not None else preset.tie_epsilon
+def build_pipeline(spec: PipelineSpec, registry: Registry | None = None) -> Pipeline:
+    registry = registry or default_registry()
+    picker = spec.picker_ref()
     return Pipeline(
         name=spec.policy,
-        filters=tuple(FILTERS[n]() for n in (spec.filters or preset.filters)),
-        scorers=tuple((SCORERS[n](), w) for n, w in weights.items() if w > 0),
-        picker=_picker(spec.picker or preset.picker, epsilon),
+        filters=tuple(registry.create("filter", f.type, f.params) for f in spec.filter_refs()),
+        scorers=tuple(
+            (registry.create("scorer", s.type, s.params), s.weight)
+            for s in spec.scorer_refs()
+            if s.weight > 0
+        ),
+        picker=registry.create("picker", picker.type, picker.params),
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from policies.plugins import Need
 from policies.types import BackendView, ClusterView, RequestInfo
 
 _MASK64 = (1 << 64) - 1
@@ -47,6 +49,7 @@ class PrefixCache:
     """Share of the prompt's leading blocks that the backend recently served."""
 
     name: str = "prefix_cache"
+    needs: ClassVar[frozenset[Need]] = frozenset({Need.BLOCK_HASHES})
 
     def score(
         self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]

@@ -1,0 +1,65 @@
+"""Example plugins: `pinned`, a scorer that prefers the backends named in its
+parameters, and `pinned_only`, a whole policy that sends every request to the first
+named backend that passes the usual filters (503 when none does)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from policies import (
+    BackendView,
+    ClusterView,
+    Decision,
+    Need,
+    PluginError,
+    RequestInfo,
+)
+from policies.filters import Healthy, ServesModel
+
+
+@dataclass(frozen=True)
+class Pinned:
+    backends: tuple[str, ...]
+    name: str = "pinned"
+    # Nothing the gateway must work out for it (see policies.plugins.Need).
+    needs: ClassVar[frozenset[Need]] = frozenset()
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        return [1.0 if b.id in self.backends else 0.0 for b in candidates]
+
+
+def _backends(params: Mapping[str, Any]) -> tuple[str, ...]:
+    unknown = set(params) - {"backends"}
+    if unknown:
+        raise PluginError(f"unknown parameters {sorted(unknown)} (known: backends)")
+    names = params.get("backends")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
+        raise PluginError("'backends' must be a non-empty list of backend ids")
+    return tuple(names)
+
+
+def make_scorer(params: Mapping[str, Any]) -> Pinned:
+    return Pinned(_backends(params))
+
+
+@dataclass(frozen=True)
+class PinnedOnly:
+    backends: tuple[str, ...]
+    name: str = "pinned_only"
+    needs: ClassVar[frozenset[Need]] = frozenset()
+
+    def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+        filters = (Healthy(), ServesModel())
+        ok = {b.id for b in view.backends if all(f.keep(req, view, b) for f in filters)}
+        for backend in self.backends:
+            if backend in ok:
+                return Decision(backend)
+        return Decision(None, reason="none of the pinned backends can serve")
+
+
+def make_policy(params: Mapping[str, Any]) -> PinnedOnly:
+    return PinnedOnly(_backends(params))

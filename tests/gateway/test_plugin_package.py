@@ -1,0 +1,110 @@
+"""A third-party plugin package, installed into this environment, routes live traffic
+with no file of the gateway touched (examples/edgeroute-pinned)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from policies import default_registry
+from tests.support import GatewayProcess, WorkerProcess
+
+PACKAGE = Path(__file__).resolve().parents[2] / "examples" / "edgeroute-pinned"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+@pytest.fixture(scope="module")
+def installed() -> Iterator[None]:
+    subprocess.run(
+        [*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index", str(PACKAGE)],
+        check=True,
+        capture_output=True,
+    )
+    default_registry.cache_clear()  # this process read the entry points before
+    try:
+        yield
+    finally:
+        subprocess.run([*PIP, "uninstall", "-y", "edgeroute-pinned"], check=True)
+        default_registry.cache_clear()
+
+
+def post(url: str, body: dict[str, object]) -> httpx.Response:
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+    r.raise_for_status()
+    return r
+
+
+def test_an_installed_scorer_and_policy_are_chosen_in_yaml_and_route(
+    installed: None, tmp_path: Path
+) -> None:
+    names = ("--served-model-name", "instant", "--served-model-name", "other")
+    workers = [WorkerProcess("--profile", "instant", *names) for _ in range(3)]
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "backends": [{"id": f"w{i}", "url": w.url} for i, w in enumerate(workers)],
+                "routing": {
+                    # The installed scorer, with parameters, in a built-in preset.
+                    "default": {
+                        "policy": "least_load",
+                        "scorers": [
+                            {"type": "pinned", "weight": 1.0, "params": {"backends": ["w2"]}}
+                        ],
+                    },
+                    # The installed whole policy, for one model.
+                    "models": {
+                        "other": {"policy": "pinned_only", "params": {"backends": ["w1", "w0"]}}
+                    },
+                },
+            }
+        )
+    )
+    gateway = GatewayProcess(config, {"EDGEROUTE_ADMIN_TOKEN": "plugin-token"})
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        picked: Counter[str] = Counter()
+        for i in range(12):
+            raw = client.chat.completions.with_raw_response.create(
+                model="instant",
+                messages=[{"role": "user", "content": f"a prompt long enough to hash, {i}"}],
+                max_tokens=2,
+            )
+            picked[raw.headers["x-edgeroute-backend"]] += 1
+        # least_load alone spreads over the three; the pinned scorer sends all to w2.
+        assert picked == {"w2": 12}
+        # The whole policy: the first pinned backend that can serve.
+        other = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
+        admin = {"authorization": "Bearer plugin-token"}
+        chosen = {post(gateway.url, other).headers["x-edgeroute-backend"] for _ in range(4)}
+        assert chosen == {"w1"}
+        httpx.post(gateway.url + "/admin/backends/w1/drain", headers=admin).raise_for_status()
+        chosen = {post(gateway.url, other).headers["x-edgeroute-backend"] for _ in range(4)}
+        assert chosen == {"w0"}
+        httpx.post(gateway.url + "/admin/backends/w0/drain", headers=admin).raise_for_status()
+        refused = httpx.post(gateway.url + "/v1/chat/completions", json=other)
+        assert refused.status_code == 503 and "pinned" in refused.json()["error"]["message"]
+    finally:
+        gateway.kill()
+        for w in workers:
+            w.kill()
+
+
+def test_a_plugin_given_bad_parameters_is_refused_with_its_own_message(installed: None) -> None:
+    from policies import PipelineSpec, PluginError, Registry, build_policy
+    from policies.builtin import register_builtins
+
+    registry = Registry()
+    register_builtins(registry)
+    registry.load_entry_points()
+    spec = PipelineSpec(policy="least_load", scorers=[{"type": "pinned", "params": {"x": 1}}])  # type: ignore[list-item]
+    with pytest.raises(PluginError, match=r"scorer 'pinned'.*unknown parameters \['x'\]"):
+        build_policy(spec, registry)
