@@ -12,9 +12,7 @@ COPY gateway gateway
 COPY policies policies
 COPY oracle oracle
 COPY workers workers
-COPY sim sim
-COPY qos qos
-COPY bench bench
+COPY edgeroute edgeroute
 # The served ONNX actor and predictor, found beside the packages.
 COPY models models
 # Editable, so that the packages find `models/` beside them; no torch (training only).

@@ -31,8 +31,8 @@ from pydantic_settings import (
 from gateway.upstream import Target
 from oracle.topology import Topology
 from policies import PipelineSpec
+from policies.odmoe import OdMoEConfig
 from policies.types import Role
-from workers.odmoe_host import OdMoEConfig
 
 
 class CostProfile(BaseModel):

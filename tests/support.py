@@ -228,7 +228,7 @@ class CliProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args, "--port", str(self.port)],
+            [sys.executable, "-m", "edgeroute.cli", *args, "--port", str(self.port)],
             env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

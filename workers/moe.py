@@ -102,3 +102,21 @@ def activation_counts(
         sel = sample_token(dist, top_k, rng)
         np.add.at(out, (np.arange(dist.shape[0])[:, None], sel), 1.0)
     return out
+
+
+@dataclass(frozen=True)
+class CostModel:
+    local_expert_s: float = 0.002  # one token through one local expert
+    rtt_s: float = 0.001
+    hidden_bytes: int = 8192  # the token's activations (4096 x fp16 for Mixtral)
+    bandwidth_bps: float = 500e6  # the paper's default emulated link
+    remote_load_s: float = 0.002  # host RAM -> GPU and back on the remote server
+
+    @property
+    def remote_expert_s(self) -> float:
+        return (
+            self.rtt_s
+            + 2 * self.hidden_bytes * 8 / self.bandwidth_bps
+            + self.remote_load_s
+            + self.local_expert_s
+        )

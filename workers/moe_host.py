@@ -2,7 +2,7 @@
 
 Each token of each sequence in an iteration activates `top_k` experts per layer, drawn
 from its request class's calibrated distribution (`workers.moe`). Experts this worker
-does not host are remote calls whose cost (`sim.moe.CostModel`: round trip, the
+does not host are remote calls whose cost (`edgeroute.sim.moe.CostModel`: round trip, the
 activations over the link at the configured bandwidth, the remote load and compute)
 is added to the iteration; the batch waits for its slowest sequence. Activation counts
 are kept per class for the gateway's global scheduler, which can move experts here:
@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sim.moe import CostModel
 from workers.engine import Plan
-from workers.moe import SHAPES, sample_token, task_distribution
+from workers.moe import SHAPES, CostModel, sample_token, task_distribution
 
 
 class MoEConfig(BaseModel):

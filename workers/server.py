@@ -25,12 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gateway.relay import ClientWatch
 from oracle.topology import Topology
+from policies.odmoe import OdMoEConfig
 from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
 from workers.engine import Engine, EngineError, Sequence
 from workers.kvtransfer import SharedLink
 from workers.metrics import WorkerMetrics
 from workers.moe_host import MoEConfig, MoEHost
-from workers.odmoe_host import OdMoEConfig, OdMoEHost
+from workers.odmoe_host import OdMoEHost
 from workers.profiles import PROFILES, EngineProfile
 from workers.quality import GroundTruth, Outcome
 from workers.textgen import generate, truncate_at_stop

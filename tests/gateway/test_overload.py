@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.overload import rss_mb
+from edgeroute.bench.overload import rss_mb
 from tests.support import GatewayProcess, WorkerProcess
 
 LIMIT = 8

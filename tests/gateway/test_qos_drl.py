@@ -16,9 +16,9 @@ import httpx
 import pytest
 import torch
 
-from qos.export import export_actor
-from qos.model import QoSNet
-from qos.predictors import train_predictor
+from edgeroute.qos.export import export_actor
+from edgeroute.qos.model import QoSNet
+from edgeroute.qos.predictors import train_predictor
 from tests.support import DATA_DIR, hold_streams, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]

@@ -56,8 +56,7 @@ def test_a_worker_runs_one_moe_mode() -> None:
 
 
 def test_the_expected_token_time_matches_the_sampled_pipeline() -> None:
-    from workers.odmoe import alignment_seconds, token_seconds
-    from workers.odmoe_host import OdMoEConfig
+    from policies.odmoe import OdMoEConfig, alignment_seconds, token_seconds
 
     cfg = OdMoEConfig()
     pipe, rng = cfg.pipeline(), random.Random(3)
@@ -72,7 +71,7 @@ def test_the_expected_token_time_matches_the_sampled_pipeline() -> None:
 def test_the_gateway_models_an_odmoe_backend_by_its_pipeline() -> None:
     from gateway.backends import BackendPool
     from gateway.settings import BackendConfig, CircuitConfig
-    from workers.odmoe_host import OdMoEConfig
+    from policies.odmoe import OdMoEConfig
 
     pool = BackendPool(CircuitConfig(), stale_after=5.0, prefix_entries=16)
     pool.set_configs(

@@ -1,0 +1,169 @@
+"""`edgeroute bench ...` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bench = sub.add_parser("bench", help="run a benchmark; prints a table, writes results")
+    which = bench.add_subparsers(dest="benchmark", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--quick", action="store_true", help="a small run (< 2 min)")
+        p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--json", help="also write the results as JSON here")
+
+    p = which.add_parser("policies", help="decision time per policy for 8/64/512 backends")
+    common(p)
+    p.set_defaults(func=lambda a: _policies(a))
+    o = which.add_parser("overhead", help="what the gateway adds in front of a fast backend")
+    common(o)
+    o.add_argument(
+        "--policies",
+        default="least_load,cla,netkv_full,qos_drl,least_load@asyncio,least_load@h11",
+        help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
+    )
+    o.set_defaults(func=lambda a: _overhead(a))
+    n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
+    common(n)
+    n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
+    n.add_argument("--profile", default="rag", choices=["chatbot", "rag", "long"])
+    n.set_defaults(func=lambda a: _netkv(a))
+    pz = which.add_parser("prism", help="Prism against the MoE placement baselines")
+    common(pz)
+    pz.set_defaults(func=lambda a: _prism(a))
+    od = which.add_parser("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
+    common(od)
+    od.set_defaults(func=lambda a: _odmoe(a))
+    q = which.add_parser("qos", help="the QoS router against BR, RR and SQF, with sweeps")
+    common(q)
+    q.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a trained agent's directory (with actor.onnx), repeatable",
+    )
+    q.add_argument("--trace", help="Azure-format trace for the trace workload")
+    q.add_argument(
+        "--live",
+        action="store_true",
+        help="also compare through the real gateway with 6 emulated workers",
+    )
+    q.set_defaults(func=lambda a: _qos(a))
+    g = which.add_parser(
+        "growth", help="decision time and memory against backends, in-flight and replicas"
+    )
+    common(g)
+    g.set_defaults(func=lambda a: _growth(a))
+    ov = which.add_parser("overload", help="goodput and sheds from 1/4 to 4x capacity")
+    common(ov)
+    ov.set_defaults(func=lambda a: _overload(a))
+    so = which.add_parser("soak", help="mixed streaming traffic for a long while (not in CI)")
+    common(so)
+    so.add_argument("--minutes", type=float, default=10.0)
+    so.set_defaults(func=lambda a: _soak(a))
+    pe = which.add_parser(
+        "peers", help="beside nginx, vllm-router, sglang-router, LiteLLM (shared/bench-peers)"
+    )
+    common(pe)
+    pe.add_argument("--harness", help="the bench-peers folder (default: ../shared/bench-peers)")
+    pe.add_argument("--policies", default="least_load,cla", help="one gateway target each")
+    pe.add_argument("--only", help="peers to run besides the gateway, e.g. nginx,vllm-router")
+    pe.add_argument("--rounds", type=int)
+    pe.set_defaults(func=lambda a: _peers(a))
+    d = which.add_parser(
+        "dashboard", help="the Grafana dashboard's panels from a real run, via Prometheus"
+    )
+    common(d)
+    d.add_argument("--seconds", type=float, default=360.0, help="length of the traffic")
+    d.add_argument(
+        "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    d.set_defaults(func=lambda a: _dashboard(a))
+    w = which.add_parser(
+        "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
+    )
+    common(w)
+    w.set_defaults(func=lambda a: _capacity(a))
+
+
+def _policies(a: argparse.Namespace) -> None:
+    from edgeroute.bench.policies import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _overhead(a: argparse.Namespace) -> None:
+    from edgeroute.bench.overhead import main
+
+    main(a.quick, a.seed, a.json, a.policies.split(","))
+
+
+def _capacity(a: argparse.Namespace) -> None:
+    from edgeroute.bench.worker_capacity import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _netkv(a: argparse.Namespace) -> None:
+    from edgeroute.bench.netkv import main
+
+    main(a.quick, a.seed, a.json, a.trace, a.profile)
+
+
+def _qos(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from edgeroute.bench.qos import main
+
+    models = dict(m.split("=", 1) for m in a.model)
+    main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)
+
+
+def _growth(a: argparse.Namespace) -> None:
+    from edgeroute.bench.growth import main
+
+    main(a.quick, a.json)
+
+
+def _overload(a: argparse.Namespace) -> None:
+    from edgeroute.bench.overload import main
+
+    main(a.quick, a.json)
+
+
+def _soak(a: argparse.Namespace) -> None:
+    from edgeroute.bench.soak import main
+
+    main(a.quick, a.minutes, a.json)
+
+
+def _peers(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from edgeroute.bench.peers import main
+
+    harness = Path(a.harness) if a.harness else None
+    main(a.quick, harness, a.policies.split(","), a.only, a.rounds)
+
+
+def _dashboard(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from edgeroute.bench.dashboard import main
+
+    main(a.quick, a.seconds, a.json, Path(a.data_dir) if a.data_dir else None)
+
+
+def _prism(a: argparse.Namespace) -> None:
+    from edgeroute.bench.prism import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _odmoe(a: argparse.Namespace) -> None:
+    from edgeroute.bench.odmoe import main
+
+    main(a.quick, a.seed, a.json)

@@ -1,0 +1,305 @@
+"""What the gateway adds in front of a fast backend: `edgeroute bench overhead`.
+
+Two `edgeroute.bench.fast_backend` processes, which answer at once, serve as the backend.
+The load generator and the backends share CPU 0; the gateway gets CPU 1 (the
+method of the peers harness in shared/bench-peers). Each round measures the
+direct path and the gateway under each policy, interleaved; the table gives
+medians over rounds. Non-streaming requests of 16 tokens; TTFT with 8 streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from edgeroute.bench.loadgen import closed_loop, cpu_seconds, percentile, post
+from edgeroute.results_io import write
+
+MODEL = "instant"
+MODELS = "instant,llama-2-70b-chat"
+LOAD_CPU, GATEWAY_CPU = 0, 1
+
+
+def pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
+        os.sched_setaffinity(0, {cpu})
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "edgeroute.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: pin(cpu),
+    )
+
+
+def start_gateway(
+    port: int, backends: list[str], target: str, **settings: Any
+) -> subprocess.Popen[bytes]:
+    """`target` is a policy name, optionally with `@asyncio` or `@h11` for the event
+    loop or HTTP parser to measure instead of uvloop and httptools; `settings` override
+    the gateway's."""
+    policy, _, variant = target.partition("@")
+    cfg: dict[str, Any] = {
+        "port": port,
+        "backends": [{"url": b} for b in backends],
+        "routing": {"default": {"policy": policy}},
+        "log_level": "WARNING",
+        "max_inflight": 0,
+        **settings,
+    }
+    if policy.startswith("netkv"):
+        # NetKV's preset picks decode instances; here it scores the plain route (its
+        # queueing and step terms: there is no prefill hop to price).
+        cfg["routing"]["default"]["filters"] = ["healthy", "serves_model", "role"]
+    if variant == "asyncio":
+        cfg["event_loop"] = "asyncio"
+    elif variant == "h11":
+        cfg["http_parser"] = "h11"
+    elif variant:
+        raise ValueError(f"unknown variant {variant!r} (asyncio or h11)")
+    fd, name = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(cfg))
+    try:
+        proc = spawn(["serve", "--config", name], GATEWAY_CPU)
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
+    finally:
+        os.unlink(name)  # read at start-up; later changes come through the store
+    return proc
+
+
+@contextlib.contextmanager
+def emulated_pool(
+    count: int,
+    port: int,
+    worker_args: list[str],
+    policy: str,
+    **settings: Any,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`count` emulated workers (one process, on the load side's CPU, from `port` + 1)
+    behind a gateway on `port` (on its own CPU); yields the gateway's process."""
+    first = port + 1
+    args = ["worker", "--count", str(count), "--port", str(first), "--log-level", "WARNING"]
+    workers = spawn(args + worker_args, LOAD_CPU)
+    backends = [f"http://127.0.0.1:{first + i}" for i in range(count)]
+    try:
+        for b in backends:
+            wait_ready(b + "/health")
+        gw = start_gateway(port, backends, policy, **settings)
+        try:
+            yield gw
+        finally:
+            gw.terminate()
+            gw.wait(10)
+    finally:
+        workers.terminate()
+        workers.wait(10)
+
+
+@dataclass(frozen=True)
+class DecisionHistogram:
+    """The gateway's decision-time histogram at one instant, summed over policies."""
+
+    total: float
+    count: float
+    buckets: tuple[tuple[float, float], ...]  # (upper bound, cumulative count)
+
+    @classmethod
+    def read(cls, port: int) -> DecisionHistogram:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = count = 0.0
+        cumulative: dict[float, float] = {}
+        for line in text.splitlines():
+            if line.startswith("edgeroute_policy_decision_seconds_sum"):
+                total += float(line.split()[-1])
+            elif line.startswith("edgeroute_policy_decision_seconds_count"):
+                count += float(line.split()[-1])
+            elif line.startswith("edgeroute_policy_decision_seconds_bucket"):
+                le = float(line.split('le="')[1].split('"')[0])
+                cumulative[le] = cumulative.get(le, 0.0) + float(line.split()[-1])
+        return cls(total, count, tuple(sorted(cumulative.items())))
+
+    def since(self, earlier: DecisionHistogram) -> DecisionHistogram:
+        """The decisions made between `earlier` and this reading (before the first
+        decision the histogram has no series at all)."""
+        before = dict(earlier.buckets)
+        return DecisionHistogram(
+            self.total - earlier.total,
+            self.count - earlier.count,
+            tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets),
+        )
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Interpolated within the bucket, as Prometheus' histogram_quantile does."""
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le, n in self.buckets:
+            if n >= rank:
+                if le == float("inf"):
+                    return lower
+                return lower + (le - lower) * (rank - below) / max(n - below, 1e-12)
+            lower, below = le, n
+        return lower
+
+
+async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float]:
+    body = b'{"model":"instant","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
+    raw = post("/v1/chat/completions", body)
+    gateway = pid is not None
+    before = DecisionHistogram.read(port) if gateway else None
+    c1 = await closed_loop("127.0.0.1", port, raw, 1, seconds)
+    # The decisions of the c=1 phase alone, to set against that phase's latency.
+    c1_decisions = DecisionHistogram.read(port).since(before) if before else None
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    c32 = await closed_loop("127.0.0.1", port, raw, 32, seconds)
+    cpu_per_req = ((cpu_seconds(pid) - cpu0) / max(1, len(c32.latencies)) * 1e6) if pid else 0.0
+    stream_body = body[:-1] + b',"stream":true}'
+    s8 = await closed_loop("127.0.0.1", port, post("/v1/chat/completions", stream_body), 8, seconds)
+    out = {
+        "c1_p50_ms": percentile(c1.latencies, 50) * 1e3,
+        "c1_p99_ms": percentile(c1.latencies, 99) * 1e3,
+        "c32_rps": c32.rps,
+        "c32_p50_ms": percentile(c32.latencies, 50) * 1e3,
+        "c32_p99_ms": percentile(c32.latencies, 99) * 1e3,
+        "ttft8_p50_ms": percentile(s8.first_bytes, 50) * 1e3,
+        "cpu_us_per_req": cpu_per_req,
+        "errors": float(c1.errors + c32.errors + s8.errors),
+    }
+    if c1_decisions is not None:
+        out["decision_us"] = c1_decisions.mean() * 1e6
+        out["decision_p50_us"] = c1_decisions.quantile(0.5) * 1e6
+        out["decision_all_us"] = DecisionHistogram.read(port).mean() * 1e6
+    return out
+
+
+def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> None:
+    pin(LOAD_CPU)
+    rounds, seconds = (1, 2.0) if quick else (3, 8.0)
+    worker_port, gw_port = 18601, 18600
+    ports = (worker_port, worker_port + 1)
+    workers = [
+        subprocess.Popen(
+            # The second name maps the backend to an expert the QoS predictor knows.
+            [
+                sys.executable,
+                "-m",
+                "edgeroute.bench.fast_backend",
+                "--port",
+                str(p),
+                "--model",
+                MODELS,
+            ],
+            preexec_fn=lambda: pin(LOAD_CPU),
+        )
+        for p in ports
+    ]
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    samples: dict[str, list[dict[str, float]]] = {"direct": []}
+    samples.update({p: [] for p in policies})
+    try:
+        for b in backends:
+            wait_ready(b + "/health")
+        for r in range(rounds):
+            order = ["direct", *policies]
+            if r % 2:
+                order.reverse()
+            for target in order:
+                print(f"round {r + 1}/{rounds}: {target}", flush=True)
+                if target == "direct":
+                    samples[target].append(asyncio.run(measure(worker_port, seconds, None)))
+                    continue
+                gw = start_gateway(gw_port, backends, target)
+                try:
+                    samples[target].append(asyncio.run(measure(gw_port, seconds, gw.pid)))
+                finally:
+                    gw.terminate()
+                    gw.wait(10)
+    finally:
+        for w in workers:
+            w.terminate()
+            w.wait(10)
+    med = {
+        t: {k: statistics.median(s[k] for s in runs) for k in runs[0]}
+        for t, runs in samples.items()
+    }
+    base = med["direct"]
+    rows: list[dict[str, Any]] = []
+    for target, m in med.items():
+        row: dict[str, Any] = {"policy": target, **{k: round(v, 3) for k, v in m.items()}}
+        if target != "direct":
+            row["added_c1_p50_ms"] = round(m["c1_p50_ms"] - base["c1_p50_ms"], 3)
+            row["added_c1_p99_ms"] = round(m["c1_p99_ms"] - base["c1_p99_ms"], 3)
+            row["added_ttft8_p50_ms"] = round(m["ttft8_p50_ms"] - base["ttft8_p50_ms"], 3)
+            # The decision's share of the request's whole time through the gateway at c=1,
+            # both from the c=1 phase: the mean (which carries any garbage collection an
+            # allocation in the decision happened to start) and the median.
+            row["decision_pct_of_c1_p50"] = round(m["decision_us"] / (m["c1_p50_ms"] * 10), 2)
+            row["decision_p50_pct"] = round(m["decision_p50_us"] / (m["c1_p50_ms"] * 10), 2)
+        rows.append(row)
+    write(
+        "overhead",
+        {
+            "command": "edgeroute bench overhead" + (" --quick" if quick else ""),
+            "rounds": rounds,
+            "seconds": seconds,
+            "seed": seed,
+            "backend": "2 bench.fast_backend processes, 16 tokens",
+        },
+        rows,
+        [
+            "policy",
+            "c1_p50_ms",
+            "added_c1_p50_ms",
+            "added_c1_p99_ms",
+            "c32_rps",
+            "c32_p50_ms",
+            "ttft8_p50_ms",
+            "added_ttft8_p50_ms",
+            "cpu_us_per_req",
+            "decision_us",
+            "decision_p50_us",
+            "decision_pct_of_c1_p50",
+            "decision_p50_pct",
+            "decision_all_us",
+            "errors",
+        ],
+        json_path,
+        quick=quick,
+        notes="Load generator and backends pinned to CPU 0, gateway to CPU 1. `direct` "
+        "talks to one worker; the gateway spreads over both. req/s at c=32 is bounded "
+        "by the backend and load generator sharing CPU 0, so it is a lower bound for "
+        "the gateway; CPU us/req is the gateway process's own CPU time per request.",
+    )

@@ -1,0 +1,333 @@
+"""`edgeroute`: one program, with a subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.logs import configure
+from gateway.serving import Listener, gateway_listener, run, serve_apps, serve_processes
+from gateway.settings import BackendConfig, load_settings
+
+if TYPE_CHECKING:
+    from workers.server import WorkerConfig
+
+DEMO_ALIAS = "edge-llm"
+
+
+def _overrides(pairs: list[str]) -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if not key or not value:
+            raise SystemExit(f"--set takes key=value, not {pair!r}")
+        out[key] = int(value) if value.isdigit() else float(value)
+    return out
+
+
+def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
+    from oracle.topology import Topology
+    from workers.quality import default_data_dir
+    from workers.server import WorkerConfig
+
+    profiles = args.profile.split(",")
+    topology = None
+    if args.topology:
+        import yaml
+
+        topology = Topology.from_mapping(yaml.safe_load(Path(args.topology).read_text()))
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    out = []
+    for i in range(args.count):
+        profile = profiles[i % len(profiles)]
+        out.append(
+            WorkerConfig(
+                profile=profile,
+                served_model_names=args.served_model_name or [],
+                host=args.host,
+                port=args.port + i,
+                speedup=args.speedup,
+                role=args.role,
+                instance_id=(
+                    f"{args.instance_id}-{i}"
+                    if args.instance_id and args.count > 1
+                    else args.instance_id
+                ),
+                topology=topology,
+                data_dir=data_dir,
+                enable_faults=args.enable_faults,
+                overrides=_overrides(args.set or []),
+                redis_url=args.redis_url,
+                admin_token=args.admin_token,
+            )
+        )
+    return out
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from workers.server import Worker
+
+    configure(args.log_level, json=not args.plain_logs)
+    configs = _worker_configs(args)
+    listeners = [Listener(Worker(c).app, c.host, c.port) for c in configs]
+    for c in configs:
+        print(f"worker {c.profile} ({c.role}) on http://{c.host}:{c.port}", flush=True)
+    run(serve_apps(listeners))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from gateway.app import create_app
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.backend:
+        overrides["backends"] = [BackendConfig(url=u) for u in args.backend]
+    settings = load_settings(args.config, **overrides)
+    configure(settings.log_level, settings.json_logs)
+    if settings.processes > 1:
+        serve_processes(create_app, settings, settings.processes)
+        return
+    app = create_app(settings)
+    run(
+        serve_apps([gateway_listener(app, settings)]),
+        settings.event_loop,
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from gateway.app import create_app
+    from workers.profiles import EXPERTS
+    from workers.quality import default_data_dir
+    from workers.server import Worker, WorkerConfig
+
+    configure(args.log_level, json=not args.plain_logs)
+    token = os.environ.get("EDGEROUTE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
+    data_dir = default_data_dir()
+    workers = []
+    for i in range(args.workers):
+        profile = EXPERTS[i % len(EXPERTS)]
+        workers.append(
+            Worker(
+                WorkerConfig(
+                    profile=profile,
+                    served_model_names=[profile, DEMO_ALIAS],
+                    port=args.worker_port + i,
+                    speedup=args.speedup,
+                    data_dir=data_dir if data_dir.exists() else None,
+                )
+            )
+        )
+    settings = load_settings(
+        args.config,
+        host="127.0.0.1",
+        port=args.port,
+        admin_token=token,
+        backends=[
+            BackendConfig(url=f"http://127.0.0.1:{w.config.port}", id=f"worker-{i}")
+            for i, w in enumerate(workers)
+        ],
+        routing={"default": {"policy": args.policy}},
+    )
+    app = create_app(settings)
+    base = f"http://127.0.0.1:{args.port}"
+    print(
+        f"""
+edgeroute demo: gateway {base} -> {args.workers} emulated workers (speedup {args.speedup:g})
+"""
+        + "\n".join(
+            f"  worker-{i}: {w.config.profile:<24} http://127.0.0.1:{w.config.port}"
+            for i, w in enumerate(workers)
+        )
+        + f"""
+
+  OpenAI API   {base}/v1   (model "{DEMO_ALIAS}" on every worker, or a worker's own model name)
+  metrics      {base}/metrics
+  admin API    {base}/admin/backends   (admin token: {token})
+
+Try:
+  curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{DEMO_ALIAS}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+
+Ctrl-C stops everything.
+""",
+        flush=True,
+    )
+    listeners = [Listener(w.app, w.config.host, w.config.port) for w in workers]
+    listeners.append(gateway_listener(app, settings))
+    run(serve_apps(listeners))
+
+
+def cmd_fit_profiles(args: argparse.Namespace) -> None:
+    from workers.quality import PROFILES_FILE, default_data_dir, fit_distributions
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    fitted = fit_distributions(data_dir)
+    out = Path(args.out) if args.out else PROFILES_FILE
+    out.write_text(json.dumps(fitted, indent=1) + "\n")
+    print(f"wrote {out} ({len(fitted['models'])} models) from {data_dir}")  # type: ignore[arg-type]
+
+
+def cmd_train_qos(args: argparse.Namespace) -> None:
+    from edgeroute.qos.train import TrainConfig, train
+    from workers.quality import default_data_dir
+
+    cfg = TrainConfig(
+        variant=args.variant,
+        experts=args.experts,
+        rate=args.rate,
+        latency_ms=args.latency_ms,
+        steps=args.steps,
+        warmup=min(args.warmup, args.steps),
+        eval_every=args.eval_every,
+        seed=args.seed,
+        zero_predictions=args.zero_predictions,
+        update_every=args.update_every,
+        lr=args.lr,
+    )
+    train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
+
+
+def cmd_train_predictors(args: argparse.Namespace) -> None:
+    from edgeroute.qos.predictors import compare_encoders
+    from workers.quality import default_data_dir
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML settings file (default: $EDGEROUTE_CONFIG)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--backend", action="append", help="backend URL (repeatable)")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run emulated vLLM workers")
+    worker.add_argument(
+        "--profile",
+        default="mistral-7b-chat",
+        help="engine profile, or a comma-separated list cycled over --count",
+    )
+    worker.add_argument("--count", type=int, default=1, help="workers in this process")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=8100, help="port of the first worker")
+    worker.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="run the emulated clock this many times faster than wall time",
+    )
+    worker.add_argument("--role", choices=["both", "prefill", "decode"], default="both")
+    worker.add_argument(
+        "--served-model-name",
+        action="append",
+        help="model name to serve (repeatable; default: the profile name)",
+    )
+    worker.add_argument("--instance-id", help="this instance's name in the topology")
+    worker.add_argument("--topology", help="YAML topology for emulated KV transfers")
+    worker.add_argument(
+        "--redis-url",
+        default=os.environ.get("EDGEROUTE_REDIS_URL"),
+        help="follow the NetKV oracle's topology in this shared store",
+    )
+    worker.add_argument(
+        "--data-dir", help="quality data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    worker.add_argument(
+        "--admin-token",
+        default=os.environ.get("EDGEROUTE_WORKER_ADMIN_TOKEN"),
+        help="bearer token for the worker's /admin/* (default: "
+        "$EDGEROUTE_WORKER_ADMIN_TOKEN; without one the admin API is closed)",
+    )
+    worker.add_argument(
+        "--enable-faults",
+        action="store_true",
+        help="accept POST /admin/fault to inject failures (tests only)",
+    )
+    worker.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a profile constant, e.g. --set kv_blocks=512",
+    )
+    worker.add_argument("--log-level", default="INFO")
+    worker.add_argument("--plain-logs", action="store_true")
+    worker.set_defaults(func=cmd_worker)
+
+    demo = sub.add_parser("demo", help="gateway + N emulated workers + embedded store")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--worker-port", type=int, default=8101, help="port of the first worker")
+    demo.add_argument("--speedup", type=float, default=1.0)
+    demo.add_argument("--policy", default="least_load")
+    demo.add_argument("--config", help="YAML settings file for the gateway")
+    demo.add_argument("--log-level", default="WARNING")
+    demo.add_argument("--plain-logs", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    fit = sub.add_parser(
+        "fit-profiles", help="refit the workers' per-task distributions from the quality data"
+    )
+    fit.add_argument("--data-dir")
+    fit.add_argument("--out")
+    fit.set_defaults(func=cmd_fit_profiles)
+
+    tr = sub.add_parser("train", help="train a learned policy")
+    which = tr.add_subparsers(dest="what", required=True)
+    q = which.add_parser("qos", help="the QoS-aware deep-RL router, on the edge simulator")
+    q.add_argument("--variant", choices=["full", "dsa", "baseline"], default="full")
+    q.add_argument("--steps", type=int, default=20_000)
+    q.add_argument("--warmup", type=int, default=1_000)
+    q.add_argument("--eval-every", type=int, default=2_000)
+    q.add_argument("--experts", type=int, default=6)
+    q.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second")
+    q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--zero-predictions", action="store_true")
+    q.add_argument("--update-every", type=int, default=4, help="env steps per SAC update")
+    q.add_argument("--lr", type=float, default=1e-4)
+    q.add_argument("--data-dir")
+    q.add_argument("--out", default="models/qos")
+    q.set_defaults(func=cmd_train_qos)
+
+    pr = which.add_parser("predictors", help="the QoS router's score and length predictors")
+    pr.add_argument("--epochs", type=int, default=6)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument(
+        "--compare",
+        action="store_true",
+        help="also train on frozen MiniLM embeddings (needs sentence-transformers)",
+    )
+    pr.add_argument("--data-dir")
+    pr.add_argument("--out", default="models/qos")
+    pr.set_defaults(func=cmd_train_predictors)
+
+    from edgeroute.bench.cli import add_parser as add_bench
+
+    add_bench(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Evaluation on the edge-expert simulator: average QoS (eq. 1, drops count as 0),
+average latency per token of completed requests, and the drop rate."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgeroute.sim.edge import EdgeEnv
+
+Policy = Callable[[EdgeEnv, int], int]  # (env, decision index) -> action
+
+
+def round_robin(env: EdgeEnv, i: int) -> int:
+    return 1 + i % env.n
+
+
+def shortest_queue(env: EdgeEnv, i: int) -> int:
+    return 1 + min(
+        range(env.n),
+        key=lambda n: (
+            len(env.experts[n].running) + len(env.experts[n].waiting) + len(env.experts[n].fresh)
+        ),
+    )
+
+
+def bert_router(env: EdgeEnv, i: int) -> int:
+    """The papers' BERT-router baseline: the expert with the best predicted score."""
+    return 1 + max(range(env.n), key=lambda n: env.preds[n][0])
+
+
+BASELINES: dict[str, Policy] = {"BR": bert_router, "RR": round_robin, "SQF": shortest_queue}
+
+
+@dataclass(frozen=True)
+class Score:
+    qos: float
+    latency_ms: float
+    drop_rate: float
+
+
+def evaluate(env: EdgeEnv, policy: Policy, seeds: list[int]) -> Score:
+    qos, lat, drops = [], [], []
+    for seed in seeds:
+        env.reset(seed)
+        done, i = False, 0
+        while not done:
+            _, done = env.step(policy(env, i))
+            i += 1
+        env.drain()
+        served = [r for r in env.finished if math.isfinite(r.done_at)]
+        qos.append(sum(env.qos(r) for r in served) / len(env.finished))
+        lat.append(
+            statistics.fmean(r.latency_per_token(r.done_at) for r in served) if served else math.nan
+        )
+        drops.append(env.dropped / len(env.finished))
+    return Score(statistics.fmean(qos), statistics.fmean(lat) * 1e3, statistics.fmean(drops))

@@ -1,0 +1,432 @@
+"""The QoS-DRL training environment: N heterogeneous edge experts (the QoS paper, section IV).
+
+Each expert runs iteration-level scheduling with a running and a waiting queue (5 + 5
+by default), GPU memory that grows with every request's tokens, and iteration time
+`base + k1 * prefill tokens + k2 * decode-batch context` (eq. 13-14). A request is a
+real prompt from `router_quality/`: each expert answers it with its model's real
+length and score. Requests arrive by a Poisson process or at the instants of a trace
+(Azure LLM format). The router sees each arrival and chooses {drop, expert 1..N}.
+
+QoS (eq. 1): phi = score * [latency per token <= L]. The reward (eq. 16) adds the QoS of
+every request completed since the last decision and subtracts, for the chosen expert,
+the predicted QoS of running requests that the action impact estimator (eq. 13-15)
+expects to cross L.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from policies.qos_state import ExpertSnapshot, QueuedRequest, encode
+from workers.quality import iter_samples
+
+BUCKETS = 10
+MAX_TOKENS = 300  # the paper's generation limit
+# RouterBench's 11 models, open ones first: an expert is a model on some edge hardware.
+MODELS = (
+    "mistralai/mistral-7b-chat",
+    "WizardLM/WizardLM-13B-V1.2",
+    "mistralai/mixtral-8x7b-chat",
+    "zero-one-ai/Yi-34B-Chat",
+    "meta/code-llama-instruct-34b-chat",
+    "meta/llama-2-70b-chat",
+    "gpt-3.5-turbo-1106",
+    "claude-instant-v1",
+    "claude-v1",
+    "claude-v2",
+    "gpt-4-1106-preview",
+)
+
+
+@dataclass(frozen=True)
+class EdgeExpert:
+    model: str
+    base: float  # s per iteration
+    k1: float  # s per prefill token
+    k2: float  # s per context token in the decode batch
+    memory_tokens: int  # C_n, in tokens of KV cache
+    running_cap: int = 5
+    waiting_cap: int = 5
+
+
+def default_experts(n: int, seed: int = 0) -> list[EdgeExpert]:
+    """N experts: models cycled over RouterBench's, hardware drawn once per seed (one
+    RTX 4090-class GPU each, 10-22 ms per iteration, 2-6K tokens of KV)."""
+    rng = random.Random(seed)
+    return [
+        EdgeExpert(
+            MODELS[i % len(MODELS)],
+            base=rng.uniform(0.010, 0.022),
+            k1=rng.uniform(0.00008, 0.0002),
+            k2=rng.uniform(1e-6, 4e-6),
+            memory_tokens=rng.choice((2048, 3072, 4096, 6144)),
+        )
+        for i in range(n)
+    ]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt and every model's real answer to it."""
+
+    prompt: str
+    prompt_tokens: int
+    scores: dict[str, float]
+    lengths: dict[str, int]
+
+
+# Free-form generation tasks only by default: the multiple-choice ones answer in one or
+# two tokens, so their latency per token is their TTFT and eq. 1 degenerates. The paper's
+# workload (mix-instruct) is free-form.
+FREE_FORM = ("mbpp",)
+
+
+def load_tasks(
+    data_dir: Path, models: tuple[str, ...] = MODELS, kinds: tuple[str, ...] | None = FREE_FORM
+) -> list[Task]:
+    by_prompt: dict[str, dict[str, tuple[float, int, int]]] = {}
+    for s in iter_samples(data_dir):
+        if s.model in models and (kinds is None or s.task in kinds):
+            ptoks = max(1, (len(s.prompt) + 3) // 4)
+            by_prompt.setdefault(s.prompt, {})[s.model] = (
+                s.score,
+                min(s.tokens, MAX_TOKENS),
+                ptoks,
+            )
+    tasks = []
+    for prompt, answers in by_prompt.items():
+        if all(m in answers for m in models):
+            ptoks = next(iter(answers.values()))[2]
+            tasks.append(
+                Task(
+                    prompt,
+                    min(ptoks, 1500),
+                    {m: a[0] for m, a in answers.items()},
+                    {m: max(1, a[1]) for m, a in answers.items()},
+                )
+            )
+    return tasks
+
+
+def bucket(value: float, top: float) -> int:
+    return min(BUCKETS - 1, max(0, int(value / top * BUCKETS)))
+
+
+def bucket_value(b: int, top: float) -> float:
+    """A bucket's midpoint."""
+    return (b + 0.5) * top / BUCKETS
+
+
+@dataclass(frozen=True)
+class NoisyOracle:
+    """Predicted buckets: the true bucket with the given top-1 accuracy, else a neighbour.
+
+    Stands in for the trained predictors (their measured accuracy can be plugged in);
+    `zero=True` gives the paper's zeroed-predictions ablation.
+    """
+
+    score_acc: float = 0.634
+    length_acc: float = 0.730
+    zero: bool = False
+
+    def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]:
+        if self.zero:
+            return 0.0, 0.0
+        sb, lb = bucket(task.scores[model], 1.0), bucket(task.lengths[model], MAX_TOKENS)
+        if rng.random() > self.score_acc:
+            sb = min(BUCKETS - 1, max(0, sb + rng.choice((-1, 1))))
+        if rng.random() > self.length_acc:
+            lb = min(BUCKETS - 1, max(0, lb + rng.choice((-2, -1, 1, 2))))
+        return bucket_value(sb, 1.0), bucket_value(lb, MAX_TOKENS)
+
+
+def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[float]:
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        yield t
+
+
+def azure_arrivals(path: Path, rate: float | None = None, start: int = 0) -> Iterator[float]:
+    """Arrival instants of an Azure LLM inference trace (any file of that CSV format),
+    from the `start`-th request, optionally rescaled to a mean `rate` per second."""
+    from datetime import datetime
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as fh:
+        stamps = [
+            datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp() for row in csv.DictReader(fh)
+        ]
+    stamps = stamps[start:]
+    t0 = stamps[0]
+    span = stamps[-1] - t0
+    scale = (len(stamps) / span) / rate if rate and span > 0 else 1.0
+    for s in stamps:
+        yield (s - t0) * scale
+
+
+@dataclass(eq=False)
+class Req:
+    task: Task
+    arrival: float
+    prompt_tokens: int
+    length: int  # the chosen expert's real output length
+    score: float  # ... and real score
+    pred_score: float
+    pred_length: float
+    generated: int = 0
+    done_at: float = math.nan
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    def latency_per_token(self, now: float) -> float:
+        return (now - self.arrival) / max(1, self.generated)
+
+
+@dataclass(eq=False)
+class ExpertState:
+    spec: EdgeExpert
+    running: list[Req] = field(default_factory=list)
+    waiting: deque[Req] = field(default_factory=deque)
+    fresh: list[Req] = field(default_factory=list)  # admitted, prefill in this iteration
+    clock: float = 0.0  # when the current iteration ends
+
+    @property
+    def used_tokens(self) -> int:
+        return sum(r.tokens for r in self.running)
+
+    def memory(self) -> float:
+        return self.used_tokens / self.spec.memory_tokens
+
+
+RewardKind = Literal["qos", "completion"]
+
+
+class EdgeEnv:
+    """One decision per arrival: `step(action)` with 0 = drop, n = expert n."""
+
+    def __init__(
+        self,
+        experts: list[EdgeExpert],
+        tasks: list[Task],
+        *,
+        rate: float = 5.0,
+        latency_req: float = 0.030,
+        seed: int = 0,
+        episode_len: int = 256,
+        reward: RewardKind = "qos",
+        predictor: NoisyOracle | None = None,
+        arrivals: Iterator[float] | None = None,
+    ) -> None:
+        self.specs = experts
+        self.tasks = tasks
+        self.rate = rate
+        self.L = latency_req
+        self.seed = seed
+        self.episode_len = episode_len
+        self.reward_kind = reward
+        self.predictor = predictor or NoisyOracle()
+        self._arrivals_override = arrivals
+        self.reset(seed)
+
+    @property
+    def n(self) -> int:
+        return len(self.specs)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.rng = random.Random(self.seed if seed is None else seed)
+        self.experts = [ExpertState(s) for s in self.specs]
+        self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
+        self.now = 0.0
+        self.decisions = 0
+        self.finished: list[Req] = []  # completed requests, with their QoS
+        self.dropped = 0
+        self._completed_qos = 0.0
+        self._next_request()
+
+    # -- requests -----------------------------------------------------------------
+
+    def _next_request(self) -> None:
+        t = next(self.arrivals)
+        self._advance(t)
+        self.task = self.rng.choice(self.tasks)
+        self.preds = [self.predictor.predict(self.task, e.model, self.rng) for e in self.specs]
+
+    def qos(self, r: Req) -> float:
+        return r.score * (r.latency_per_token(r.done_at) <= self.L)
+
+    # -- the experts' iterations ----------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        """Run every expert's iterations that end by time t."""
+        for e in self.experts:
+            while True:
+                if not e.running and not e.fresh:
+                    self._admit(e, max(e.clock, self.now))
+                    if not e.fresh:
+                        break
+                if e.clock > t:
+                    break
+                self._finish_iteration(e)
+        self.now = t
+
+    def _admit(self, e: ExpertState, start: float) -> None:
+        """At an iteration boundary: admit waiting requests whose KV fits, then start the
+        next iteration."""
+        spec = e.spec
+        while (
+            e.waiting
+            and len(e.running) + len(e.fresh) < spec.running_cap
+            and e.used_tokens + sum(r.tokens for r in e.fresh) + e.waiting[0].tokens + 1
+            <= spec.memory_tokens
+        ):
+            e.fresh.append(e.waiting.popleft())
+        if not e.running and not e.fresh:
+            return
+        prefill = sum(r.prompt_tokens for r in e.fresh)
+        decode = sum(r.tokens for r in e.running)
+        e.clock = start + spec.base + spec.k1 * prefill + spec.k2 * decode
+
+    def _finish_iteration(self, e: ExpertState) -> None:
+        end = e.clock
+        e.running.extend(e.fresh)
+        e.fresh = []
+        still = []
+        for r in e.running:
+            r.generated += 1
+            if r.generated >= r.length:
+                r.done_at = end
+                q = self.qos(r)
+                self._completed_qos += q
+                self.finished.append(r)
+            else:
+                still.append(r)
+        e.running = still
+        self._admit(e, end)
+        if not e.running and not e.fresh:
+            e.clock = end
+
+    # -- the router's step ------------------------------------------------------------
+
+    def impact_penalty(self, n: int) -> float:
+        """Eq. 13-15: predicted QoS of running requests on expert n that routing the
+        current request there would push over L."""
+        e = self.experts[n]
+        pred_len = max(1.0, self.preds[n][1])
+        p_j = self.task.prompt_tokens
+        batch = e.running + e.fresh  # fresh: in the batch, prefill in flight
+        step = e.spec.base + e.spec.k2 * sum(r.tokens for r in batch)  # an iteration now
+        penalty = 0.0
+        for r in batch:
+            d_i = max(float(r.generated + 1), r.pred_length)
+            m = max(0.0, min(d_i - r.generated, pred_len))
+            extra = (e.spec.k1 * p_j + e.spec.k2 * (m * p_j + m * (m + 1) / 2)) / d_i
+            # l_hat: the *final* average latency per token projected at today's pace (the
+            # quantity eq. 15's increase is measured against), not the current average,
+            # which early in decode is dominated by the time to the first token.
+            projected = ((self.now - r.arrival) + (d_i - r.generated) * step) / d_i
+            if projected + extra >= self.L:
+                penalty += r.pred_score
+        return penalty
+
+    def step(self, action: int) -> tuple[float, bool]:
+        """Route the waiting arrival; returns (reward, episode done)."""
+        penalty = 0.0
+        if action == 0:
+            self.dropped += 1
+            self.finished.append(
+                Req(
+                    self.task, self.now, self.task.prompt_tokens, 1, 0.0, 0.0, 0.0, done_at=math.inf
+                )
+            )
+        else:
+            n = action - 1
+            e = self.experts[n]
+            if len(e.waiting) >= e.spec.waiting_cap:
+                self.dropped += 1  # the expert refuses: as good as dropped
+                self.finished.append(
+                    Req(
+                        self.task,
+                        self.now,
+                        self.task.prompt_tokens,
+                        1,
+                        0.0,
+                        0.0,
+                        0.0,
+                        done_at=math.inf,
+                    )
+                )
+            else:
+                if self.reward_kind == "qos":
+                    penalty = self.impact_penalty(n)
+                model = e.spec.model
+                req = Req(
+                    self.task,
+                    self.now,
+                    self.task.prompt_tokens,
+                    self.task.lengths[model],
+                    self.task.scores[model],
+                    self.preds[n][0],
+                    self.preds[n][1],
+                )
+                e.waiting.append(req)
+                if not e.running and not e.fresh:
+                    self._admit(e, self.now)
+        self.decisions += 1
+        self._completed_qos = 0.0
+        self._next_request()
+        reward = self._completed_qos - penalty
+        return reward, self.decisions >= self.episode_len
+
+    def drain(self) -> None:
+        """Run until every routed request has finished (for evaluation)."""
+        while any(e.running or e.fresh or e.waiting for e in self.experts):
+            t = min(e.clock for e in self.experts if e.running or e.fresh or e.waiting)
+            self._advance(t + 1e-9)
+
+    # -- what the router observes ---------------------------------------------------------
+
+    def observe(self) -> dict[str, np.ndarray]:
+        """Dense, padded features (eq. 6, 7, 9-12) and masks; see `policies.qos_state`."""
+        return observe(self)
+
+
+# -- the router's features of this state (the gateway builds the same ones) ----------
+
+
+def _queued(r: Req, e: ExpertState, now: float) -> QueuedRequest:
+    return QueuedRequest(
+        r.prompt_tokens,
+        r.pred_score,
+        r.pred_length,
+        r.tokens / e.spec.memory_tokens,
+        r.generated,
+        r.latency_per_token(now),
+    )
+
+
+def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
+    now = env.now
+    experts = [
+        ExpertSnapshot(
+            e.memory(),
+            [_queued(r, e, now) for r in e.running + e.fresh],
+            [_queued(r, e, now) for r in e.waiting],
+            e.spec.running_cap,
+            e.spec.waiting_cap,
+        )
+        for e in env.experts
+    ]
+    return encode(env.task.prompt_tokens, env.preds, experts, env.L, n_max)

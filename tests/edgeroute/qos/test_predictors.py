@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeroute.qos.predictors import train_predictor
+from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
+from tests.support import DATA_DIR
+
+
+def test_hashed_ids_are_stable_bounded_and_padded() -> None:
+    a = hashed_ids("Write a Python function, please.")
+    assert a.shape == (MAX_IDS,) and (a == hashed_ids("write a python FUNCTION, please.")).all()
+    # 7 words (punctuation counts) and 6 bigrams: 13 ids, then padding.
+    assert a[a > 0].max() < VOCAB and (a[:13] > 0).all() and (a[13:] == 0).all()
+
+
+@pytest.mark.skipif(
+    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
+)
+def test_the_predictor_beats_the_majority_bucket_and_exports(tmp_path: Path) -> None:
+    r = train_predictor(DATA_DIR, "bow", epochs=3, out=tmp_path)
+    assert r["length_top1"] > r["majority_length_top1"] + 0.03
+    assert r["score_top1"] >= r["majority_score_top1"]
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
+    ids = np.stack([hashed_ids("Write a function that reverses a list.")] * 2)
+    score, length = session.run(None, {"ids": ids, "expert": np.array([0, 5])})
+    assert score.shape == (2, 10) and length.shape == (2, 10)

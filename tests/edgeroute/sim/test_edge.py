@@ -1,0 +1,127 @@
+"""The edge-expert environment against hand-computed timelines and the paper's equations."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from edgeroute.sim.edge import EdgeEnv, EdgeExpert, NoisyOracle, Task, bucket, poisson_arrivals
+
+MODEL = "m"
+
+
+def task(prompt: int = 100, length: int = 10, score: float = 1.0) -> Task:
+    return Task("p", prompt, {MODEL: score}, {MODEL: length})
+
+
+def env_with(expert: EdgeExpert, tasks: list[Task], times: list[float], **kw: object) -> EdgeEnv:
+    return EdgeEnv([expert], tasks, arrivals=iter(times), predictor=NoisyOracle(1.0, 1.0), **kw)  # type: ignore[arg-type]
+
+
+EXPERT = EdgeExpert(MODEL, base=0.01, k1=0.0001, k2=0.00001, memory_tokens=10_000)
+
+
+def test_a_lone_request_follows_the_iteration_model() -> None:
+    env = env_with(EXPERT, [task(100, 10)], [1.0, 100.0])
+    env.step(1)  # routed at t=1, then the clock runs to the next arrival at t=100
+    (r,) = env.finished
+    # Prefill iteration: base + k1*100 = 0.02; then 9 decode iterations at base + k2*ctx.
+    want = 0.02 + sum(0.01 + 0.00001 * (100 + g) for g in range(1, 10))
+    assert r.done_at - r.arrival == pytest.approx(want)
+    assert r.latency_per_token(r.done_at) == pytest.approx(want / 10)
+
+
+def test_qos_is_the_score_when_latency_meets_L_else_zero() -> None:
+    fast = env_with(EXPERT, [task(100, 10, score=0.7)], [0.0, 50.0], latency_req=0.030)
+    fast.step(1)
+    assert fast.qos(fast.finished[0]) == 0.7
+    slow = env_with(EXPERT, [task(100, 10, score=0.7)], [0.0, 50.0], latency_req=0.010)
+    slow.step(1)
+    assert slow.qos(slow.finished[0]) == 0.0
+
+
+SPACED = [0.05 * i for i in range(12)]  # each arrival after the previous one's prefill
+
+
+def test_queues_hold_five_running_and_five_waiting_then_refuse() -> None:
+    env = env_with(EXPERT, [task(10, 200)], [*SPACED, 1e6])
+    for _ in range(11):
+        env.step(1)
+    e = env.experts[0]
+    assert len(e.running) + len(e.fresh) == 5 and len(e.waiting) == 5
+    assert env.dropped == 1
+
+
+def test_memory_blocks_admission_until_a_request_finishes() -> None:
+    small = EdgeExpert(MODEL, base=0.01, k1=0.0, k2=0.0, memory_tokens=150)
+    env = env_with(small, [task(100, 20)], [0.0, 0.0, 1e6])
+    env.step(1)
+    env.step(1)
+    first, second = sorted(env.finished, key=lambda r: r.done_at)
+    # The second (100 + 1 tokens) does not fit beside the first (up to 120): it waits.
+    assert second.done_at >= first.done_at + 20 * 0.01 - 1e-9
+
+
+def test_drop_scores_zero_and_counts() -> None:
+    env = env_with(EXPERT, [task()], [0.0, 1.0])
+    reward, _ = env.step(0)
+    assert reward == 0.0 and env.dropped == 1 and env.finished[0].score == 0.0
+
+
+def test_impact_penalty_is_eq_15() -> None:
+    env = env_with(EXPERT, [task(100, 50, score=0.9)], [0.0, 0.05, 0.051, 1e6], latency_req=0.030)
+    env.step(1)  # one running request
+    env.step(1)
+    (r,) = [r for r in env.experts[0].running]
+    p_j, d_j = env.task.prompt_tokens, env.preds[0][1]
+    d_i = max(r.generated + 1, r.pred_length)
+    m = min(d_i - r.generated, d_j)
+    extra = (EXPERT.k1 * p_j + EXPERT.k2 * (m * p_j + m * (m + 1) / 2)) / d_i
+    step = EXPERT.base + EXPERT.k2 * r.tokens
+    projected = ((env.now - r.arrival) + (d_i - r.generated) * step) / d_i
+    crosses = projected + extra >= env.L
+    assert env.impact_penalty(0) == (r.pred_score if crosses else 0.0)
+    # A tighter L makes the same action costly.
+    env.L = 1e-4
+    assert env.impact_penalty(0) == pytest.approx(r.pred_score)
+
+
+def test_completion_reward_counts_only_completions() -> None:
+    times = [0.0, 0.01, 0.02, 30.0, 60.0]
+    q = env_with(EXPERT, [task(100, 30)], times, latency_req=1e-4, reward="qos")
+    c = env_with(EXPERT, [task(100, 30)], times, latency_req=1e-4, reward="completion")
+    for env in (q, c):
+        env.step(1)
+    assert q.step(1)[0] < 0  # penalised: the running request will miss L
+    assert c.step(1)[0] == 0.0
+
+
+def test_predictions_hit_the_configured_accuracy() -> None:
+    rng = random.Random(0)
+    t = task(100, 137, score=0.55)
+    oracle = NoisyOracle(0.634, 0.73)
+    hits = sum(
+        bucket(oracle.predict(t, MODEL, rng)[0], 1.0) == bucket(0.55, 1.0) for _ in range(4000)
+    )
+    assert hits / 4000 == pytest.approx(0.634, abs=0.03)
+    assert NoisyOracle(zero=True).predict(t, MODEL, rng) == (0.0, 0.0)
+
+
+def test_poisson_arrivals_have_the_rate() -> None:
+    gen = poisson_arrivals(5.0, random.Random(1))
+    times = [next(gen) for _ in range(5000)]
+    assert 5000 / times[-1] == pytest.approx(5.0, rel=0.05)
+    assert all(b > a for a, b in itertools.pairwise(times))
+
+
+def test_observation_shapes_and_masks() -> None:
+    env = env_with(EXPERT, [task(10, 200)], [*SPACED[:8], 1e6])
+    for _ in range(7):
+        env.step(1)
+    obs = env.observe()
+    assert obs["experts"].shape == (1, 5) and obs["running"].shape == (1, 5, 6)
+    assert obs["running_mask"].sum() == 5 and obs["waiting_mask"].sum() == 2
+    assert obs["experts"][0, 1] == pytest.approx(1.0)
+    assert obs["experts"][0, 2] == pytest.approx(0.4)
