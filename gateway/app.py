@@ -14,7 +14,6 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,6 +35,7 @@ from gateway.oracle_api import oracle_router
 from gateway.prism_scheduler import PlacementRefused, PrismScheduler
 from gateway.proxy import Proxy
 from gateway.relay import ClientWatch, Receive, Scope, Send
+from gateway.routes import Routes
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
     CONFIG_BACKENDS,
@@ -43,6 +43,7 @@ from gateway.store import (
     SharedStore,
     StoreUnavailable,
 )
+from gateway.transfers import KVTransfers
 from gateway.upstream import ResponseLimits, UpstreamPool
 from oracle.state import OracleState
 from policies import Need, PipelineSpec, Policy, build_policy
@@ -80,12 +81,10 @@ class Gateway:
             if settings.oracle
             else None
         )
-        # KV transfers in flight from each prefill instance on each tier (NetKV's c_self).
-        self.contention: dict[tuple[str, str], int] = {}
-        self.intents: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.transfers = KVTransfers(self.pool)
         self.routing = settings.routing
-        self._pipelines: dict[str, Policy] = {}
-        self._apply_routing(settings.routing)
+        self.routes = Routes(settings.routing)
+        self._provide_what_policies_need()
         url = settings.redis_url.get_secret_value() if settings.redis_url is not None else None
         self.store = SharedStore(url, self.replica_id, settings.replica_ttl)
         self._client: httpx.AsyncClient | None = None  # made in start(), in the loop
@@ -100,7 +99,9 @@ class Gateway:
         )
         self.monitor = Monitor(self)
         self.prism = PrismScheduler(self, settings.prism_replan_seconds)
-        self.proxy = Proxy(self)
+        self.proxy = Proxy(
+            settings, self.pool, self.routes, self.upstream, self.metrics, self.transfers
+        )
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -144,19 +145,18 @@ class Gateway:
     # -- configuration --------------------------------------------------------------
 
     def _apply_routing(self, routing: RoutingConfig) -> None:
+        self.routes.apply(routing)
         self.routing = routing
-        self.prefill_pipeline = build_policy(routing.prefill)
-        self.decode_pipeline = build_policy(routing.decode)
-        self._default = build_policy(routing.default)
-        self._pipelines = {m: build_policy(spec) for m, spec in routing.models.items()}
-        policies = (self.prefill_pipeline, self.decode_pipeline, self._default)
-        needs = frozenset().union(*(p.needs for p in (*policies, *self._pipelines.values())))
-        self.pool.track_requests = Need.INFLIGHT_REQUESTS in needs
-        self.pool.provide_network = Need.ORACLE in needs
+        self._provide_what_policies_need()
+
+    def _provide_what_policies_need(self) -> None:
+        # The snapshot carries what the policies declared they read, and only that.
+        self.pool.track_requests = Need.INFLIGHT_REQUESTS in self.routes.needs
+        self.pool.provide_network = Need.ORACLE in self.routes.needs
         self.pool.rebuild()
 
     def pipeline_for(self, model: str) -> Policy:
-        return self._pipelines.get(model, self._default)
+        return self.routes.for_model(model)
 
     def backend_auth(self, b: Backend) -> dict[str, str]:
         if b.config.api_key is None:
@@ -193,21 +193,6 @@ class Gateway:
     def set_oracle(self, state: OracleState) -> None:
         self.oracle = state
         self.pool.set_network(state.topology)
-
-    def transfer_started(self, prefill: str, tier: str, intent: dict[str, Any]) -> None:
-        key = (prefill, tier)
-        self.contention[key] = self.contention.get(key, 0) + 1
-        self.pool.set_network(self.pool.oracle, self.contention)
-        self.intents.append(intent)
-
-    def transfer_finished(self, prefill: str, tier: str) -> None:
-        key = (prefill, tier)
-        left = self.contention.get(key, 0) - 1
-        if left > 0:
-            self.contention[key] = left
-        else:
-            self.contention.pop(key, None)
-        self.pool.set_network(self.pool.oracle, self.contention)
 
     async def write_config(self, key: str, field: str, payload: str | None) -> None:
         try:

@@ -188,11 +188,11 @@ class Monitor:
         await store.revive_embedded()
         local = {b.id: b.inflight for b in gw.pool}
         try:
-            if gw.intents:
-                batch = list(gw.intents)
+            if gw.transfers.intents:
+                batch = list(gw.transfers.intents)
                 await store.add_intents(batch)
                 for _ in batch:
-                    gw.intents.popleft()
+                    gw.transfers.intents.popleft()
             result = await store.sync(local)
         except StoreUnavailable:
             gw.metrics.store_up.set(0)
@@ -236,6 +236,6 @@ class Monitor:
                 m.oracle_rho.labels(tier).set(oracle.topology.congestion.get(tier, 0.0))
             for pair, tol in oracle.topology.staleness_tolerances().items():
                 m.oracle_tolerance.labels(pair).set(tol)
-        for (prefill, tier), n in list(self.gw.contention.items()):
+        for (prefill, tier), n in list(self.gw.transfers.counts.items()):
             m.self_contention.labels(prefill, tier).set(n)
         m.store_age.set(now - self.last_sync)

@@ -120,7 +120,7 @@ def oracle_router(gw: Gateway) -> APIRouter:
         per_token = backend.config.profile.kv_bytes_per_token if backend else 327_680.0
         payload = nbytes if nbytes is not None else tokens * per_token
         tier = topo.tier(prefill, decode)
-        c_self = gw.contention.get((prefill, tier), 0)
+        c_self = gw.transfers.counts.get((prefill, tier), 0)
         return _json(
             {
                 "prefill": prefill,

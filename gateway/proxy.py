@@ -19,27 +19,27 @@ import re
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.auth import require_client_key
-from gateway.backends import Backend, InflightEntry
+from gateway.backends import Backend, BackendPool, InflightEntry
 from gateway.errors import GatewayError
 from gateway.logs import request_id
-from gateway.metrics import series
+from gateway.metrics import GatewayMetrics, series
 from gateway.relay import ClientWatch, RelayResponse
+from gateway.routes import Routes
+from gateway.settings import Settings
 from gateway.sse import SSEScanner
-from gateway.upstream import Attempt, UpstreamError, UpstreamResponse
+from gateway.transfers import KVTransfers
+from gateway.upstream import Attempt, UpstreamError, UpstreamPool, UpstreamResponse
 from policies.pipeline import Policy
 from policies.plugins import Need
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger("edgeroute.proxy")
 
@@ -181,9 +181,25 @@ def validate(body: Any, chat: bool) -> dict[str, Any]:
 
 
 class Proxy:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-        s = gateway.settings
+    """The OpenAI endpoints' request path: validation, routing, forwarding with
+    retries, disaggregated serving, and each request's accounting."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: BackendPool,
+        routes: Routes,
+        upstream: UpstreamPool,
+        metrics: GatewayMetrics,
+        transfers: KVTransfers,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.routes = routes
+        self.upstream = upstream
+        self.metrics = metrics
+        self.transfers = transfers
+        s = settings
         self._seq = itertools.count()
         self._rid_prefix = os.urandom(6).hex()  # request ids: this prefix and a counter
         self._rids = itertools.count()
@@ -210,7 +226,7 @@ class Proxy:
         request_id.set(rid)
         model_label = "unknown"
         try:
-            require_client_key(_text(hdrs, b"authorization"), self.gw.settings.api_keys)
+            require_client_key(_text(hdrs, b"authorization"), self.settings.api_keys)
             raw = await self._read_body(request, hdrs)
             watch.start(request.scope, request.receive)
             try:
@@ -219,7 +235,7 @@ class Proxy:
                 raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
             body = validate(parsed, chat)
             model = body["model"]
-            if model not in self.gw.pool.known_models:
+            if model not in self.pool.known_models:
                 raise GatewayError(
                     404,
                     f"The model `{model}` does not exist.",
@@ -231,18 +247,18 @@ class Proxy:
             return await self._route(request, hdrs, path, raw, body, rid, t0)
         except ClientDisconnect:
             # The client left while sending its body: nothing to answer, nothing wrong.
-            series(self.gw.metrics.requests, model_label, "none", "499").inc()
-            self.gw.metrics.client_aborts.labels("upload").inc()
+            series(self.metrics.requests, model_label, "none", "499").inc()
+            self.metrics.client_aborts.labels("upload").inc()
             log.info("client disconnected during its upload")
             return _Raw(499, [], b"")
         except GatewayError as exc:
-            series(self.gw.metrics.requests, model_label, "none", str(exc.status)).inc()
+            series(self.metrics.requests, model_label, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
                 log.warning("request failed", extra={"status": exc.status, "error": exc.message})
             return exc.response({"x-request-id": rid})
 
     async def _read_body(self, request: Request, hdrs: dict[bytes, bytes]) -> bytes:
-        limit = self.gw.settings.max_body_bytes
+        limit = self.settings.max_body_bytes
         declared = hdrs.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise GatewayError(413, f"the request body is larger than {limit} bytes")
@@ -264,7 +280,7 @@ class Proxy:
             model=body["model"],
             prompt_tokens=estimate_tokens(text),
             block_hashes=(
-                block_hashes(text, self.gw.settings.prefix_block_tokens) if uses_prefix else ()
+                block_hashes(text, self.settings.prefix_block_tokens) if uses_prefix else ()
             ),
             max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
             session_hash=stable_hash(session) if isinstance(session, str) and session else None,
@@ -286,11 +302,10 @@ class Proxy:
         rid: str,
         t0: float,
     ) -> Response | RelayResponse:
-        gw = self.gw
-        s = gw.settings
+        s = self.settings
         model = body["model"]
-        if s.max_inflight and gw.pool.total_inflight() >= s.max_inflight:
-            series(gw.metrics.shed, model, "max_inflight").inc()
+        if s.max_inflight and self.pool.total_inflight() >= s.max_inflight:
+            series(self.metrics.shed, model, "max_inflight").inc()
             raise GatewayError(
                 429,
                 "the gateway is at its in-flight limit; retry later",
@@ -298,9 +313,9 @@ class Proxy:
                 retry_after=s.retry_after,
             )
         headers = self._upstream_headers(request.scope["headers"], hdrs, rid)
-        if model in gw.pool.pd_models:
+        if model in self.pool.pd_models:
             return await self._route_disaggregated(hdrs, path, body, headers, rid, t0)
-        pipeline = gw.pipeline_for(model)
+        pipeline = self.routes.for_model(model)
         info = self._request_info(hdrs, body, Need.BLOCK_HASHES in pipeline.needs)
         up, t_sent = await self._forward(pipeline, info, path, raw, headers, model)
         return self._respond(up, model, rid, t0, t_sent, time.perf_counter(), info.stream)
@@ -323,13 +338,12 @@ class Proxy:
         Returns the backend's answer and when it was sent. `on_dispatch` runs when a
         backend is chosen, `on_release` when an attempt on it is abandoned.
         """
-        gw = self.gw
-        s = gw.settings
+        s = self.settings
         stream = info.stream if stream is None else stream
         tried: set[str] = set()
         last: Retryable | None = None
         for _ in range(1 + s.retries):
-            view = gw.pool.view
+            view = self.pool.view
             if tried:
                 view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
                 if not view.backends:
@@ -338,25 +352,25 @@ class Proxy:
             decision = pipeline.decide(info, view)
             # Taken before the series lookup below, which is not the policy's time.
             decided_in = time.perf_counter() - t_decide
-            series(gw.metrics.decision, pipeline.name).observe(decided_in)
+            series(self.metrics.decision, pipeline.name).observe(decided_in)
             if decision.backend_id is None:
                 if last is not None:
                     break
                 qos = decision.token_target is not None
-                series(gw.metrics.shed, model, "qos" if qos else "no_backend").inc()
+                series(self.metrics.shed, model, "qos" if qos else "no_backend").inc()
                 if qos:
-                    series(gw.metrics.qos_requests, "shed").inc()
+                    series(self.metrics.qos_requests, "shed").inc()
                 raise GatewayError(
                     503,
                     f"no backend can take this request: {decision.reason}",
                     code="no_capacity",
                     retry_after=s.retry_after,
                 )
-            backend = gw.pool.get(decision.backend_id)
+            backend = self.pool.get(decision.backend_id)
             if backend is None:
                 tried.add(decision.backend_id)
                 continue
-            series(gw.metrics.decisions, pipeline.name, backend.id).inc()
+            series(self.metrics.decisions, pipeline.name, backend.id).inc()
             tried.add(backend.id)
             score, length = decision.predicted or (0.0, 0.0)
             entry = InflightEntry(
@@ -367,27 +381,27 @@ class Proxy:
                 token_target=decision.token_target,
             )
             if decision.predicted is not None:
-                series(gw.metrics.qos_score, backend.id).observe(score)
-            gw.pool.dispatched(backend, info.block_hashes, entry)
+                series(self.metrics.qos_score, backend.id).observe(score)
+            self.pool.dispatched(backend, info.block_hashes, entry)
             if on_dispatch is not None:
                 on_dispatch(backend)
             t_sent = time.perf_counter()
             try:
                 up = await self._open(backend, path, raw, headers, stream)
             except Retryable as exc:
-                gw.pool.finished(backend, entry)
+                self.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)
-                if gw.pool.failed(backend):
+                if self.pool.failed(backend):
                     log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
-                series(gw.metrics.retries, backend.id, exc.reason).inc()
+                series(self.metrics.retries, backend.id, exc.reason).inc()
                 last = exc
                 continue
             except asyncio.CancelledError:  # the client left
-                gw.pool.finished(backend, entry)
+                self.pool.finished(backend, entry)
                 if on_release is not None:
                     on_release(backend)
-                series(gw.metrics.requests, model, backend.id, "499").inc()
+                series(self.metrics.requests, model, backend.id, "499").inc()
                 raise
             up.entry = entry
             return up, t_sent
@@ -406,14 +420,13 @@ class Proxy:
         """vLLM's disaggregated protocol: prefill with max_tokens=1 and kv_transfer_params
         asking for remote decode, then decode where the decode policy says, carrying the
         kv_transfer_params the prefill returned."""
-        gw = self.gw
         model = body["model"]
-        hashed = Need.BLOCK_HASHES in gw.prefill_pipeline.needs | gw.decode_pipeline.needs
+        hashed = self.routes.pd_hashes
         info = self._request_info(hdrs, body, hashed)
         prefill_body = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         prefill_body.update(max_tokens=1, stream=False, kv_transfer_params=_REMOTE_DECODE)
         up, t_prefill_sent = await self._forward(
-            gw.prefill_pipeline,
+            self.routes.prefill,
             info,
             path,
             orjson.dumps(prefill_body),
@@ -423,10 +436,10 @@ class Proxy:
         )
         prefill_wait = time.perf_counter() - t_prefill_sent
         prefill = up.backend
-        gw.pool.finished(prefill, up.entry)
+        self.pool.finished(prefill, up.entry)
         if up.response.status != 200:
             return self._respond(up, model, rid, t0, t_prefill_sent, time.perf_counter(), False)
-        gw.pool.succeeded(prefill)
+        self.pool.succeeded(prefill)
         try:
             params = up.answer["kv_transfer_params"]
             if not isinstance(params, dict):
@@ -438,7 +451,7 @@ class Proxy:
                 code="upstream_error",
             ) from exc
 
-        oracle = gw.pool.view.oracle
+        oracle = self.pool.oracle
         tiers: dict[str, str] = {}
 
         def started(decode: Backend) -> None:
@@ -454,8 +467,8 @@ class Proxy:
                 else None
             )
             if estimate is not None:
-                series(gw.metrics.kv_estimate, tier).observe(estimate)
-            gw.transfer_started(
+                series(self.metrics.kv_estimate, tier).observe(estimate)
+            self.transfers.started(
                 prefill.id,
                 tier,
                 {
@@ -471,12 +484,12 @@ class Proxy:
             )
 
         def released(decode: Backend) -> None:
-            gw.transfer_finished(prefill.id, tiers[decode.id])
+            self.transfers.finished(prefill.id, tiers[decode.id])
 
         decode_body = dict(body)
         decode_body["kv_transfer_params"] = params
         up, t_sent = await self._forward(
-            gw.decode_pipeline,
+            self.routes.decode,
             replace(info, prefill_id=prefill.id),
             path,
             orjson.dumps(decode_body),
@@ -488,9 +501,9 @@ class Proxy:
         t_first = time.perf_counter()
         released(up.backend)  # the decode side's first bytes: the KV cache has landed
         tier = tiers[up.backend.id]
-        series(gw.metrics.pd_requests, prefill.id, up.backend.id, tier).inc()
-        series(gw.metrics.pd_ttft, tier).observe(t_first - t0)
-        series(gw.metrics.pd_decode_wait, tier).observe(t_first - t_sent)
+        series(self.metrics.pd_requests, prefill.id, up.backend.id, tier).inc()
+        series(self.metrics.pd_ttft, tier).observe(t_first - t0)
+        series(self.metrics.pd_decode_wait, tier).observe(t_first - t_sent)
         return self._respond(up, model, rid, t0, t_sent, t_first, info.stream, prefill_wait)
 
     def _upstream_headers(
@@ -500,7 +513,7 @@ class Proxy:
         if b"x-request-id" not in hdrs:
             out = [(k, v) for k, v in out if k != b"x-request-id"]
             out.append((b"x-request-id", rid.encode("ascii")))
-        s = self.gw.settings
+        s = self.settings
         if s.forward_client_credentials:
             if not s.api_keys and b"authorization" in hdrs:
                 out.append((b"authorization", hdrs[b"authorization"]))
@@ -540,7 +553,7 @@ class Proxy:
     ) -> Upstream:
         bid = backend.id
         try:
-            resp = await self.gw.upstream.send(
+            resp = await self.upstream.send(
                 backend.config.target, b"POST", path, headers, raw, wait, attempt
             )
         except TimeoutError as exc:
@@ -572,7 +585,7 @@ class Proxy:
                         "garbage",
                     )
                 return Upstream(backend, resp, body, False, answer=answer)
-            events = SSEScanner(self.gw.settings.limits.response_body_bytes)
+            events = SSEScanner(self.settings.limits.response_body_bytes)
             first = await resp.readany(wait)
             ok = events.feed(first)
             if ok and resp.ended():
@@ -616,33 +629,31 @@ class Proxy:
     ) -> Response | RelayResponse:
         """`upstream_wait`: time already spent on other backends' answers (a prefill),
         which is not the gateway's own overhead."""
-        gw = self.gw
         b = up.backend
         if up.response.status < 500:
-            gw.pool.succeeded(b)
+            self.pool.succeeded(b)
         headers = [(k, v) for k, v in up.response.raw_headers if k.lower() not in _DROP_DOWN]
         headers.append((b"x-edgeroute-backend", b.id.encode()))
         headers.append((b"x-request-id", rid.encode("ascii")))
         status = up.response.status
         overhead = (t_sent - t0) - upstream_wait + (time.perf_counter() - t_back)
         headers.append((b"x-edgeroute-overhead-ms", f"{overhead * 1000:.3f}".encode()))
-        gw.metrics.overhead.observe(overhead)
+        self.metrics.overhead.observe(overhead)
         if not up.streaming:
             headers.append((b"content-length", str(len(up.first)).encode()))
             tokens = _completion_tokens(up.answer) if status == 200 else 0
             self._finished(up, model, str(status), t0, tokens)
             return _Raw(status, headers, up.first)
-        series(gw.metrics.ttft, model, b.id).observe(t_back - t0)
+        series(self.metrics.ttft, model, b.id).observe(t_back - t0)
         relay = self._relay(up, model, t0, t_back)
         return RelayResponse(status, headers, relay, up.response.ended)
 
     async def _relay(
         self, up: Upstream, model: str, t0: float, t_first: float
     ) -> AsyncGenerator[bytes, None]:
-        gw = self.gw
         b = up.backend
         status = str(up.response.status)
-        itl = series(gw.metrics.itl, model, b.id)
+        itl = series(self.metrics.itl, model, b.id)
         last = t_first
         response = up.response
         events = up.events
@@ -681,7 +692,7 @@ class Proxy:
                 reason = "sent bytes that are not server-sent events"
             else:
                 reason = _REASONS.get(exc.reason, "failed")
-            gw.pool.failed(b)
+            self.pool.failed(b)
             log.warning("backend %s %s mid-stream", b.id, reason)
             err = GatewayError(
                 502,
@@ -702,23 +713,22 @@ class Proxy:
 
     def _finished(self, up: Upstream, model: str, status: str, t0: float, tokens: int) -> None:
         """Account for a request that has ended, well or not, on `up.backend`."""
-        gw = self.gw
         b = up.backend
         elapsed = time.perf_counter() - t0
-        gw.pool.finished(b, up.entry)
-        series(gw.metrics.requests, model, b.id, status).inc()
-        series(gw.metrics.e2e, model, b.id).observe(elapsed)
+        self.pool.finished(b, up.entry)
+        series(self.metrics.requests, model, b.id, status).inc()
+        series(self.metrics.e2e, model, b.id).observe(elapsed)
         if tokens:
-            series(gw.metrics.output_tokens, model, b.id).inc(tokens)
+            series(self.metrics.output_tokens, model, b.id).inc(tokens)
         target = up.entry.token_target if up.entry is not None else None
         if target is None or status == "499":
             return
         if status != "200" or tokens <= 0:
-            series(gw.metrics.qos_requests, "failed").inc()
+            series(self.metrics.qos_requests, "failed").inc()
             return
         per_token = elapsed / tokens
-        gw.metrics.qos_token_latency.observe(per_token)
-        series(gw.metrics.qos_requests, "met" if per_token <= target else "missed").inc()
+        self.metrics.qos_token_latency.observe(per_token)
+        series(self.metrics.qos_requests, "met" if per_token <= target else "missed").inc()
 
 
 def _retryable(backend_id: str, exc: UpstreamError) -> Retryable:

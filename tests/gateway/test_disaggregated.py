@@ -96,7 +96,7 @@ def test_netkv_avoids_the_congested_tier_that_cla_picks_for_its_cache(
     intent = httpx.get(url + "/admin/oracle/intents?count=1", headers=TOKEN).json()["intents"][0]
     assert intent["source"] == "p0" and intent["destination"] == "dB"
     assert intent["tier"] == "pod" and intent["payload_bytes"] > 0
-    assert gw.contention == {}  # every transfer's completion was seen
+    assert gw.transfers.counts == {}  # every transfer's completion was seen
 
 
 def test_streaming_and_the_sdk_work_disaggregated(
