@@ -30,11 +30,11 @@ from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
-from gateway.openapi import CHAT_BODY, COMPLETION_BODY
 from gateway.oracle_api import oracle_router
 from gateway.prism_scheduler import PlacementRefused, PrismScheduler
 from gateway.proxy import Proxy
 from gateway.relay import ClientWatch, Receive, Scope, Send
+from gateway.request_schema import CHAT_BODY, COMPLETION_BODY
 from gateway.routes import Routes
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (

@@ -22,33 +22,6 @@ from policies.text import stable_hash
 from policies.types import BackendView, ClusterView, InflightRequest
 
 
-class _Evolve:
-    """`dataclasses.replace(obj, **changes)` for a frozen slots dataclass and a fixed
-    set of changed fields, at about half the cost: the slots are copied through their
-    descriptors instead of through the generated `__init__`, whose frozen-attribute
-    stores dominate a per-request fold. Non-init fields (caches) are carried over.
-    """
-
-    def __init__(self, cls: type, changed: tuple[str, ...]) -> None:
-        slots = [name for c in cls.__mro__ for name in getattr(c, "__slots__", ())]
-        kept = [cls.__dict__[n] for n in slots if n not in changed]
-        self._cls = cls
-        self._kept = [(d.__get__, d.__set__) for d in kept]
-        self._changed = [cls.__dict__[n].__set__ for n in changed]
-
-    def __call__(self, obj: Any, *values: Any) -> Any:
-        new: Any = object.__new__(self._cls)
-        for get, put in self._kept:
-            put(new, get(obj))
-        for put, value in zip(self._changed, values, strict=True):
-            put(new, value)
-        return new
-
-
-_with_load = _Evolve(BackendView, ("inflight", "requests"))
-_with_backends = _Evolve(ClusterView, ("backends",))
-
-
 @dataclass
 class EngineStats:
     running: int = 0
@@ -183,12 +156,11 @@ class BackendPool:
             for b in self._dirty:
                 i = b.index
                 if 0 <= i < len(views) and views[i].id == b.id:
-                    views[i] = _with_load(
-                        views[i], b.inflight + b.remote_inflight, self._requests_of(b)
+                    views[i] = views[i].with_load(
+                        b.inflight + b.remote_inflight, self._requests_of(b)
                     )
             self._dirty.clear()
-            # Only load moved: the per-model filter verdicts (the memo) still hold.
-            self._view = _with_backends(self._view, tuple(views))
+            self._view = self._view.with_load(tuple(views))
         return self._view
 
     def _view_of(self, b: Backend, now: float) -> BackendView:

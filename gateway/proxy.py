@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import os
 import random
 import re
@@ -31,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.logs import request_id
 from gateway.metrics import GatewayMetrics, series
 from gateway.relay import ClientWatch, RelayResponse
+from gateway.request_schema import validate
 from gateway.routes import Routes
 from gateway.settings import Settings
 from gateway.sse import SSEScanner
@@ -68,7 +68,6 @@ _DROP_DOWN = frozenset(
     b"content-length connection keep-alive transfer-encoding te trailer upgrade "
     b"proxy-connection date server".split()
 )
-MAX_TOKENS_LIMIT = 1 << 24
 # An x-request-id the gateway echoes and forwards as given; others are replaced.
 _REQUEST_ID = re.compile(rb"[!-~]{1,200}")
 _REASONS = {
@@ -112,72 +111,6 @@ class Retryable(Exception):
         super().__init__(error.message)
         self.error = error
         self.reason = reason
-
-
-def _check_number(body: dict[str, Any], name: str, low: float, high: float) -> None:
-    v = body.get(name)
-    if v is None:
-        return
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, int | float)
-        or not math.isfinite(v)
-        or not (low <= v <= high)
-    ):
-        raise GatewayError(400, f"'{name}' must be a number in [{low}, {high}]", param=name)
-
-
-def _check_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise GatewayError(400, f"'{name}' must be an integer in [{low}, {high}]", param=name)
-    return v
-
-
-def validate(body: Any, chat: bool) -> dict[str, Any]:
-    """Enough schema to reject what is malformed; unknown fields pass through."""
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise GatewayError(400, "'model' is required and must be a string", param="model")
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise GatewayError(400, "'messages' must be a non-empty list", param="messages")
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise GatewayError(400, "each message needs a string 'role'", param="messages")
-            content = m.get("content")
-            if content is not None and not isinstance(content, str | list):
-                raise GatewayError(
-                    400, "message 'content' must be a string or a list", param="messages"
-                )
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-            raise GatewayError(400, "'prompt' must be a string or a non-empty list", param="prompt")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise GatewayError(400, "'stream' must be a boolean", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise GatewayError(400, "'stream_options' must be an object", param="stream_options")
-    _check_int(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
-    _check_int(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
-    _check_int(body, "n", 1, 128)
-    _check_number(body, "temperature", 0.0, 2.0)
-    _check_number(body, "top_p", 0.0, 1.0)
-    stop = body.get("stop")
-    if (
-        stop is not None
-        and not isinstance(stop, str)
-        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-    ):
-        raise GatewayError(400, "'stop' must be a string or a list of strings", param="stop")
-    return body
 
 
 class Proxy:

@@ -16,7 +16,7 @@ from policies.types import BackendView, ClusterView, Decision, RequestInfo
 class Filter(Protocol):
     """Keeps a backend or not. A filter whose verdict depends only on the request's model
     and the backend's health and configuration sets `per_model = True`; a pipeline then
-    works out its verdicts once per model and snapshot (`ClusterView.memo`)."""
+    works out its verdicts once per model and snapshot epoch (`ClusterView.epoch`)."""
 
     @property
     def name(self) -> str: ...
@@ -72,12 +72,25 @@ class _Plan(NamedTuple):
     a NamedTuple's fields by name would look each up on the class, cold, per request.
     """
 
-    token: object  # the key of this pipeline's verdicts (by model) in `ClusterView.memo`
+    cache: _Cache  # what this pipeline remembers between requests
     per_model: tuple[Filter, ...]  # the leading filters with per-model verdicts
     rest: tuple[Filter, ...]  # the other filters, run on every request
     lone: Scorer | None  # the only scorer, when it weighs 1: called directly
     weighted: tuple[tuple[Scorer, float], ...]  # otherwise, the scorers and weights
     pick: Callable[[RequestInfo, Sequence[BackendView], Sequence[float]], BackendView]
+
+
+class _Cache:
+    """A pipeline's memory: its per-model verdicts for one snapshot epoch, and the
+    plain choice of each backend, made once (building a `Decision` on every request
+    costs more than looking one up)."""
+
+    __slots__ = ("choices", "epoch", "verdicts")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.verdicts: dict[str, tuple[int, ...]] = {}
+        self.choices: dict[str, Decision] = {}
 
 
 @dataclass(frozen=True)
@@ -102,9 +115,7 @@ class Pipeline:
             n += 1
         lone = self.scorers[0][0] if len(self.scorers) == 1 and self.scorers[0][1] == 1.0 else None
         weighted = () if lone is not None else self.scorers
-        # The token is a plain object: it hashes in C, where the filters' dataclass
-        # `__hash__` would run Python code on every lookup.
-        plan = _Plan(object(), self.filters[:n], self.filters[n:], lone, weighted, self.picker.pick)
+        plan = _Plan(_Cache(), self.filters[:n], self.filters[n:], lone, weighted, self.picker.pick)
         object.__setattr__(self, "_plan", plan)
         stages: list[object] = [*self.filters, *(s for s, _ in self.scorers), self.picker]
         object.__setattr__(self, "_needs", frozenset().union(*map(needs_of, stages)))
@@ -114,13 +125,13 @@ class Pipeline:
         return self._needs
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
-        token, per_model, rest, lone, weighted, pick = self._plan
+        cache, per_model, rest, lone, weighted, pick = self._plan
         candidates: Sequence[BackendView] = view.backends
         if per_model:
-            # Two plain lookups are cheaper, cold, than one under a (token, model) key.
-            verdicts = view.memo.get(token)
-            if verdicts is None:
-                verdicts = view.memo[token] = {}
+            if cache.epoch != view.epoch:
+                cache.epoch = view.epoch
+                cache.verdicts = {}
+            verdicts = cache.verdicts
             kept = verdicts.get(req.model)
             if kept is None:
                 kept = verdicts[req.model] = self._verdicts(per_model, req, view)
@@ -141,9 +152,9 @@ class Pipeline:
                 for i, s in enumerate(scorer.score(req, view, candidates)):
                     total[i] += weight * s
         chosen = pick(req, candidates, total).id
-        decision = view.choices.get(chosen)
+        decision = cache.choices.get(chosen)
         if decision is None:
-            decision = view.choices[chosen] = Decision(chosen)
+            decision = cache.choices[chosen] = Decision(chosen)
         return decision
 
     @staticmethod

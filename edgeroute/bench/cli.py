@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,6 +26,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
     )
     o.set_defaults(func=lambda a: _overhead(a))
+    ab = which.add_parser(
+        "overhead-ab", help="the gateway's overhead from two checkouts, alternated in pairs"
+    )
+    ab.add_argument("--before", required=True, type=Path, help="the older checkout")
+    ab.add_argument("--after", default=Path("."), type=Path, help="the newer checkout")
+    ab.add_argument("--pairs", type=int, default=10)
+    ab.add_argument("--seconds", type=float, default=5.0, help="per measurement phase")
+    ab.add_argument("--json", help="also write the results as JSON here")
+    ab.set_defaults(func=lambda a: _overhead_ab(a))
     n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
     common(n)
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
@@ -99,6 +109,12 @@ def _overhead(a: argparse.Namespace) -> None:
     from edgeroute.bench.overhead import main
 
     main(a.quick, a.seed, a.json, a.policies.split(","))
+
+
+def _overhead_ab(a: argparse.Namespace) -> None:
+    from edgeroute.bench.overhead_ab import main
+
+    main(a.before.resolve(), a.after.resolve(), a.pairs, a.seconds, a.json)
 
 
 def _capacity(a: argparse.Namespace) -> None:

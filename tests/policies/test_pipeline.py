@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from pydantic import ValidationError
@@ -13,11 +13,13 @@ from policies import (
     BackendView,
     ClusterView,
     Decision,
+    Pipeline,
     PipelineSpec,
     RequestInfo,
     build_pipeline,
 )
-from policies.pickers import Argmax
+from policies.filters import Healthy, ServesModel
+from policies.pickers import Argmax, Random
 from policies.scorers import Load
 from policies.text import block_hashes, stable_hash
 
@@ -77,18 +79,31 @@ def test_no_candidate_is_a_rejection_with_the_filter_named() -> None:
 
 
 def test_per_model_verdicts_are_remembered_per_snapshot_and_never_outlive_it() -> None:
-    pipeline = build_pipeline(PipelineSpec(policy="random"))
+    calls: list[str] = []
+
+    @dataclass(frozen=True)
+    class CountedHealthy(Healthy):
+        def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
+            calls.append(backend.id)
+            return super().keep(req, view, backend)
+
+    pipeline = Pipeline("counted", (CountedHealthy(), ServesModel()), (), Random())
     v = view(backend(0), backend(1, models=frozenset({"other"})), backend(2))
-    assert pipeline.decide(req(entropy=1), v).backend_id is not None
-    assert list(v.memo.values()) == [{"m": (0, 2)}]  # healthy, serves "m", role "both"
-    # A snapshot that differs only in load may carry the verdicts on...
-    busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
-    assert busier.memo == {} and busier.carry_memo(v).memo is v.memo
+    for e in range(5):
+        assert pipeline.decide(req(entropy=e), v).backend_id in ("b0", "b2")
+    assert calls == ["b0", "b1", "b2"]  # worked out once for "m" in this snapshot
+    # A snapshot that differs only in load carries the verdicts on...
+    busier = v.with_load(tuple(replace(b, inflight=5) for b in v.backends))
+    assert busier.epoch == v.epoch
+    pipeline.decide(req(), busier)
+    assert len(calls) == 3
     # ...while any other new snapshot starts afresh, so a backend's new health counts.
     sick = replace(v, backends=(backend(0, healthy=False), *v.backends[1:]))
-    assert sick.memo == {}
+    assert sick.epoch != v.epoch
     for e in range(20):
         assert decide("random", sick, req(entropy=e)) == "b2"
+        assert pipeline.decide(req(entropy=e), sick).backend_id == "b2"
+    assert len(calls) == 6
     assert decide("random", sick, req(model="other")) == "b1"
     none_left = replace(v, backends=(backend(0, healthy=False),))
     assert "healthy" in pipeline.decide(req(), none_left).reason
@@ -221,20 +236,25 @@ def test_a_choice_is_a_decision_with_the_default_fields() -> None:
         assert d == Decision(d.backend_id)  # reason "", retry_after 1.0, no prediction
 
 
-def test_a_choice_is_made_once_per_backend_and_carried_with_the_memo() -> None:
+def test_a_choice_is_made_once_per_backend_and_kept_by_the_pipeline() -> None:
     pipeline = build_pipeline(PipelineSpec(policy="random"))
     v = view(backend(0), backend(1))
     first = {pipeline.decide(req(entropy=e), v).backend_id: e for e in range(2)}
     d0 = pipeline.decide(req(entropy=first["b0"]), v)
     assert d0 is pipeline.decide(req(entropy=first["b0"]), v)  # the same value, not a copy
     assert d0 is not pipeline.decide(req(entropy=first["b1"]), v)
-    assert set(v.choices) == {"b0", "b1"}
-    busier = replace(v, backends=tuple(replace(b, inflight=5) for b in v.backends))
-    assert busier.carry_memo(v).choices is v.choices
+    busier = v.with_load(tuple(replace(b, inflight=5) for b in v.backends))
     assert pipeline.decide(req(entropy=first["b0"]), busier) is d0
     # A rejection is not a choice: it is built each time, with its reason.
     none_left = view(backend(0, healthy=False))
-    assert pipeline.decide(req(), none_left).rejected and none_left.choices == {}
+    a, b = pipeline.decide(req(), none_left), pipeline.decide(req(), none_left)
+    assert a.rejected and a == b and a is not b
+
+
+def test_a_snapshot_is_plain_data() -> None:
+    v = view(backend(0), backend(1))
+    assert not hasattr(v, "__dict__")  # slots: the fields and nothing else
+    assert v == replace(v) and v.with_load(v.backends) == v  # equal content, any epoch
 
 
 def test_argmax_picks_at_random_among_the_scores_within_epsilon_of_the_best() -> None:
