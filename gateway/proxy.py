@@ -273,38 +273,31 @@ class Proxy:
         """
         s = self.settings
         stream = info.stream if stream is None else stream
-        tried: set[str] = set()
+        t_decide = time.perf_counter()
+        ranking = pipeline.ranked(info, self.pool.view)
+        # Taken before the series lookup below, which is not the policy's time.
+        decided_in = time.perf_counter() - t_decide
+        series(self.metrics.decision, pipeline.name).observe(decided_in)
+        if ranking[0].backend_id is None:
+            decision = ranking[0]
+            qos = decision.token_target is not None
+            series(self.metrics.shed, model, "qos" if qos else "no_backend").inc()
+            if qos:
+                series(self.metrics.qos_requests, "shed").inc()
+            raise GatewayError(
+                503,
+                f"no backend can take this request: {decision.reason}",
+                code="no_capacity",
+                retry_after=s.retry_after,
+            )
         last: Retryable | None = None
-        for _ in range(1 + s.retries):
-            view = self.pool.view
-            if tried:
-                view = replace(view, backends=tuple(b for b in view.backends if b.id not in tried))
-                if not view.backends:
-                    break  # every backend has been tried: the last failure is the answer
-            t_decide = time.perf_counter()
-            decision = pipeline.decide(info, view)
-            # Taken before the series lookup below, which is not the policy's time.
-            decided_in = time.perf_counter() - t_decide
-            series(self.metrics.decision, pipeline.name).observe(decided_in)
-            if decision.backend_id is None:
-                if last is not None:
-                    break
-                qos = decision.token_target is not None
-                series(self.metrics.shed, model, "qos" if qos else "no_backend").inc()
-                if qos:
-                    series(self.metrics.qos_requests, "shed").inc()
-                raise GatewayError(
-                    503,
-                    f"no backend can take this request: {decision.reason}",
-                    code="no_capacity",
-                    retry_after=s.retry_after,
-                )
-            backend = self.pool.get(decision.backend_id)
+        # The ranking, walked: a failure before any byte reached the client moves on to
+        # the next backend, up to `retries` times; past its end, the last failure stands.
+        for decision in ranking[: 1 + s.retries]:
+            backend = self.pool.get(decision.backend_id or "")
             if backend is None:
-                tried.add(decision.backend_id)
-                continue
+                continue  # removed since the decision
             series(self.metrics.decisions, pipeline.name, backend.id).inc()
-            tried.add(backend.id)
             score, length = decision.predicted or (0.0, 0.0)
             entry = InflightEntry(
                 info.prompt_tokens,
@@ -338,7 +331,13 @@ class Proxy:
                 raise
             up.entry = entry
             return up, t_sent
-        assert last is not None
+        if last is None:  # every ranked backend was removed meanwhile
+            raise GatewayError(
+                503,
+                "no backend can take this request",
+                code="no_capacity",
+                retry_after=s.retry_after,
+            )
         raise last.error
 
     async def _route_disaggregated(

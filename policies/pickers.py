@@ -1,4 +1,6 @@
-"""Pickers: choose one candidate from the scored list."""
+"""Pickers: choose one candidate from the scored list (`pick`), or rank them all
+(`rank`: the order in which a request tries them when one fails before answering).
+`rank(...)[0]` is always the candidate `pick` chooses."""
 
 from __future__ import annotations
 
@@ -38,6 +40,12 @@ class Argmax:
                 near.append(i)
         return candidates[near[req.entropy % len(near)]]
 
+    def rank(
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+    ) -> list[int]:
+        first = _index_of(candidates, self.pick(req, candidates, scores))
+        return _then_best(first, len(candidates), scores)
+
 
 @dataclass(frozen=True)
 class PowerOfTwo:
@@ -55,6 +63,12 @@ class PowerOfTwo:
         b = (a + 1 + mix64(req.entropy) % (n - 1)) % n
         return candidates[a] if scores[a] >= scores[b] else candidates[b]
 
+    def rank(
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+    ) -> list[int]:
+        first = _index_of(candidates, self.pick(req, candidates, scores))
+        return _then_best(first, len(candidates), scores)
+
 
 @dataclass(frozen=True)
 class RoundRobin:
@@ -65,6 +79,11 @@ class RoundRobin:
     ) -> BackendView:
         return candidates[req.seq % len(candidates)]
 
+    def rank(
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+    ) -> list[int]:
+        return _rotation(req.seq, len(candidates))
+
 
 @dataclass(frozen=True)
 class Random:
@@ -74,3 +93,28 @@ class Random:
         self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
         return candidates[req.entropy % len(candidates)]
+
+    def rank(
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+    ) -> list[int]:
+        return _rotation(req.entropy, len(candidates))
+
+
+def _index_of(candidates: Sequence[BackendView], chosen: BackendView) -> int:
+    for i, b in enumerate(candidates):
+        if b is chosen:
+            return i
+    raise ValueError("the picker chose a backend that is not a candidate")
+
+
+def _then_best(first: int, n: int, scores: Sequence[float]) -> list[int]:
+    """`first`, then the others by score, best first (in order when unscored)."""
+    rest = [i for i in range(n) if i != first]
+    if scores:
+        rest.sort(key=scores.__getitem__, reverse=True)
+    return [first, *rest]
+
+
+def _rotation(start: int, n: int) -> list[int]:
+    k = start % n
+    return [*range(k, n), *range(k)]

@@ -49,6 +49,15 @@ class Picker(Protocol):
         scores: Sequence[float],
     ) -> BackendView: ...
 
+    def rank(
+        self,
+        req: RequestInfo,
+        candidates: Sequence[BackendView],
+        scores: Sequence[float],
+    ) -> list[int]:
+        """Every candidate's index, in the order to try them; the first is `pick`'s."""
+        ...
+
 
 class Policy(Protocol):
     """What the gateway and the simulators call: a Pipeline, or a learned policy."""
@@ -61,7 +70,14 @@ class Policy(Protocol):
         """What the gateway must provide (see `policies.plugins.Need`)."""
         ...
 
-    def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
+    def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+        """The backend to send the request to, or a rejection (the simulators' call)."""
+        ...
+
+    def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
+        """The backends in the order to try them, `decide`'s first; a rejection alone
+        when none can serve (the gateway's call: retries walk it)."""
+        ...
 
 
 _NO_SCORES: tuple[float, ...] = ()  # a pipeline without scorers: every candidate equal
@@ -125,7 +141,33 @@ class Pipeline:
         return self._needs
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
-        cache, per_model, rest, lone, weighted, pick = self._plan
+        scored = self._scored(req, view)
+        if isinstance(scored, Decision):
+            return scored  # a rejection
+        candidates, total = scored
+        return self._choice(self._plan.pick(req, candidates, total).id)
+
+    def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
+        scored = self._scored(req, view)
+        if isinstance(scored, Decision):
+            return (scored,)  # a rejection
+        candidates, total = scored
+        choice = self._choice
+        return tuple([choice(candidates[i].id) for i in self.picker.rank(req, candidates, total)])
+
+    def _choice(self, backend_id: str) -> Decision:
+        choices = self._plan.cache.choices
+        decision = choices.get(backend_id)
+        if decision is None:
+            decision = choices[backend_id] = Decision(backend_id)
+        return decision
+
+    def _scored(
+        self, req: RequestInfo, view: ClusterView
+    ) -> Decision | tuple[Sequence[BackendView], Sequence[float]]:
+        """The candidates that pass the filters and their weighted scores, or the
+        rejection naming the filter that left none."""
+        cache, per_model, rest, lone, weighted, _ = self._plan
         candidates: Sequence[BackendView] = view.backends
         if per_model:
             if cache.epoch != view.epoch:
@@ -151,11 +193,7 @@ class Pipeline:
             for scorer, weight in weighted:
                 for i, s in enumerate(scorer.score(req, view, candidates)):
                     total[i] += weight * s
-        chosen = pick(req, candidates, total).id
-        decision = cache.choices.get(chosen)
-        if decision is None:
-            decision = cache.choices[chosen] = Decision(chosen)
-        return decision
+        return candidates, total
 
     @staticmethod
     def _verdicts(

@@ -90,22 +90,30 @@ class QoSDRL:
         return ExpertSnapshot(b.kv_usage, running, waiting)
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+        return self.ranked(req, view)[0]
+
+    def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
+        """The actor's choice, then the other candidates in the order of its logits."""
         candidates = [b for b in view.backends if all(f.keep(req, view, b) for f in self._filters)]
         if not candidates:
-            return Decision(None, reason="no backend passed the filters")
+            return (Decision(None, reason="no backend passed the filters"),)
         preds = self.predict(req.prompt, candidates)
         obs = encode(
             req.prompt_tokens, preds, [self._snapshot(b, req.now) for b in candidates], self.latency
         )
         feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}
-        action = int(np.argmax(self._actor.run(["logits"], feeds)[0][0]))
-        if action == 0:
-            return Decision(
-                None,
-                reason="shed by the QoS policy: no backend can meet the latency target for it now",
-                retry_after=1.0,
-                token_target=self.latency,
+        logits = self._actor.run(["logits"], feeds)[0][0]
+        if int(np.argmax(logits)) == 0:
+            return (
+                Decision(
+                    None,
+                    reason="shed by the QoS policy: no backend can meet the latency target for it now",
+                    retry_after=1.0,
+                    token_target=self.latency,
+                ),
             )
-        return Decision(
-            candidates[action - 1].id, predicted=preds[action - 1], token_target=self.latency
+        order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
+        return tuple(
+            Decision(candidates[i].id, predicted=preds[i], token_target=self.latency)
+            for i in order.tolist()
         )

@@ -278,3 +278,36 @@ def test_score_pickers_without_scorers_take_every_candidate_as_equal(picker: str
     picks = Counter(decide("least_load", v, req(entropy=e), **spec) for e in range(300))
     assert set(picks) == {"b0", "b1", "b2"}
     assert decide("least_load", v, req(entropy=7), **spec) == "b1"  # entropy 7 % 3
+
+
+@pytest.mark.parametrize(
+    "policy", ["least_load", "cla", "power_of_two", "round_robin", "random", "session_affinity"]
+)
+def test_the_ranking_starts_with_the_decision_and_holds_every_candidate_once(
+    policy: str,
+) -> None:
+    pipeline = build_pipeline(PipelineSpec(policy=policy))
+    v = view(
+        backend(0, inflight=3),
+        backend(1, healthy=False),
+        backend(2, inflight=1),
+        backend(3),
+        backend(4, inflight=1),
+    )
+    for e in range(40):
+        r = req(entropy=e * 7919, seq=e)
+        ranking = pipeline.ranked(r, v)
+        assert ranking[0] is pipeline.decide(r, v)
+        assert sorted(d.backend_id or "" for d in ranking) == ["b0", "b2", "b3", "b4"]
+
+
+def test_argmax_ranks_the_rest_best_first() -> None:
+    pipeline = build_pipeline(PipelineSpec(policy="least_load"))
+    v = view(backend(0, inflight=3), backend(1), backend(2, inflight=1), backend(3, inflight=7))
+    assert [d.backend_id for d in pipeline.ranked(req(), v)] == ["b1", "b2", "b0", "b3"]
+
+
+def test_a_rejection_is_the_whole_ranking() -> None:
+    pipeline = build_pipeline(PipelineSpec(policy="least_load"))
+    (only,) = pipeline.ranked(req(), view(backend(0, healthy=False)))
+    assert only.rejected and "healthy" in only.reason

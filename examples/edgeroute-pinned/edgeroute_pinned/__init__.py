@@ -53,12 +53,14 @@ class PinnedOnly:
     needs: ClassVar[frozenset[Need]] = frozenset()
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+        return self.ranked(req, view)[0]
+
+    def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
+        """The pinned backends that can serve, in the order given (retries walk it)."""
         filters = (Healthy(), ServesModel())
         ok = {b.id for b in view.backends if all(f.keep(req, view, b) for f in filters)}
-        for backend in self.backends:
-            if backend in ok:
-                return Decision(backend)
-        return Decision(None, reason="none of the pinned backends can serve")
+        order = tuple(Decision(b) for b in self.backends if b in ok)
+        return order or (Decision(None, reason="none of the pinned backends can serve"),)
 
 
 def make_policy(params: Mapping[str, Any]) -> PinnedOnly:
