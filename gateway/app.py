@@ -97,8 +97,18 @@ class Gateway:
                 lim.response_headers, lim.response_header_bytes, lim.response_body_bytes
             ),
         )
-        self.monitor = Monitor(self)
-        self.prism = PrismScheduler(self, settings.prism_replan_seconds)
+        self.monitor = Monitor(
+            settings,
+            self.pool,
+            self.store,
+            self.metrics,
+            self.transfers,
+            self,
+            lambda: self.client,
+        )
+        self.prism = PrismScheduler(
+            self.pool, self.store, self.metrics, lambda: self.client, settings.prism_replan_seconds
+        )
         self.proxy = Proxy(
             settings, self.pool, self.routes, self.upstream, self.metrics, self.transfers
         )
@@ -157,11 +167,6 @@ class Gateway:
 
     def pipeline_for(self, model: str) -> Policy:
         return self.routes.for_model(model)
-
-    def backend_auth(self, b: Backend) -> dict[str, str]:
-        if b.config.api_key is None:
-            return {}
-        return {"authorization": f"Bearer {b.config.api_key.get_secret_value()}"}
 
     async def push_local_config(self) -> None:
         """Seed the store with this replica's config where the store has none."""
@@ -470,5 +475,7 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(_admin_router(gw))
-    app.include_router(oracle_router(gw))
+    app.include_router(
+        oracle_router(gw.store, gw.pool, gw.transfers, lambda: gw.oracle, gw.set_oracle)
+    )
     return app

@@ -9,19 +9,19 @@ store, so every replica routes on the same oracle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
+from gateway.backends import BackendPool
 from gateway.errors import GatewayError
-from gateway.store import CONFIG_ORACLE, ORACLE_FIELD, StoreUnavailable
+from gateway.store import CONFIG_ORACLE, ORACLE_FIELD, SharedStore, StoreUnavailable
+from gateway.transfers import KVTransfers
 from oracle.state import LinkSample, OracleState
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 STATIC_FIELDS = ("instances", "tier_map", "tier_bandwidth", "tier_latency")
 
@@ -42,25 +42,32 @@ def _invalid(exc: ValidationError) -> GatewayError:
     return GatewayError(400, f"{where}: {msg}" if where else msg, param=where or None)
 
 
-def oracle_router(gw: Gateway) -> APIRouter:
+def oracle_router(
+    store: SharedStore,
+    pool: BackendPool,
+    transfers: KVTransfers,
+    read: Callable[[], OracleState | None],
+    apply: Callable[[OracleState], None],
+) -> APIRouter:
+    """`read` gives the replica's oracle state, `apply` adopts a new one."""
     r = APIRouter(prefix="/admin/oracle", tags=["oracle"])  # GatewayApp checks the token
 
     def current() -> OracleState:
-        return gw.oracle if gw.oracle is not None else OracleState()
+        return read() or OracleState()
 
     async def save(state: OracleState) -> Response:
         try:
-            await gw.store.put(CONFIG_ORACLE, ORACLE_FIELD, state.model_dump_json())
+            await store.put(CONFIG_ORACLE, ORACLE_FIELD, state.model_dump_json())
         except StoreUnavailable as exc:
             raise GatewayError(
                 503, "the shared store is unreachable; the update was not applied", retry_after=1.0
             ) from exc
-        gw.set_oracle(state)
+        apply(state)
         return _json(state.describe())
 
     def check_instances(static: dict[str, Any]) -> None:
         declared = set(static.get("instances") or current().topology.instances)
-        known = declared or {b.id for b in gw.pool}
+        known = declared or {b.id for b in pool}
         for pair in static.get("tier_map") or []:
             if isinstance(pair, dict):
                 for name in (pair.get("a"), pair.get("b")):
@@ -116,11 +123,11 @@ def oracle_router(gw: Gateway) -> APIRouter:
         for name in (prefill, decode):
             if topo.instances and name not in topo.instances:
                 raise GatewayError(404, f"unknown instance {name!r}", param="instance")
-        backend = gw.pool.get(decode)
+        backend = pool.get(decode)
         per_token = backend.config.profile.kv_bytes_per_token if backend else 327_680.0
         payload = nbytes if nbytes is not None else tokens * per_token
         tier = topo.tier(prefill, decode)
-        c_self = gw.transfers.counts.get((prefill, tier), 0)
+        c_self = transfers.counts.get((prefill, tier), 0)
         return _json(
             {
                 "prefill": prefill,
@@ -140,7 +147,7 @@ def oracle_router(gw: Gateway) -> APIRouter:
     @r.get("/intents")
     async def intents(count: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Response:
         try:
-            records = await gw.store.read_intents(count)
+            records = await store.read_intents(count)
         except StoreUnavailable as exc:
             raise GatewayError(503, "the shared store is unreachable", retry_after=1.0) from exc
         return _json({"intents": records})

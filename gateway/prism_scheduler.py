@@ -22,17 +22,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
 import orjson
 
-from gateway.store import PRISM, PRISM_PLANNER, StoreUnavailable
+from gateway.backends import BackendPool
+from gateway.metrics import GatewayMetrics
+from gateway.store import PRISM, PRISM_PLANNER, SharedStore, StoreUnavailable
 from policies.prism import Placement, Server, migration_seconds, prism, remote_cost, should_adopt
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger("edgeroute.prism")
 HISTORY = 100  # adopted plans kept
@@ -48,10 +48,21 @@ class PlacementRefused(Exception):
 
 
 class PrismScheduler:
+    """`client` gives the control plane's HTTP client (made when the gateway starts)."""
+
     def __init__(
-        self, gateway: Gateway, replan_seconds: float = 300.0, stats_interval: float = 5.0
+        self,
+        pool: BackendPool,
+        store: SharedStore,
+        metrics: GatewayMetrics,
+        client: Callable[[], httpx.AsyncClient],
+        replan_seconds: float = 300.0,
+        stats_interval: float = 5.0,
     ) -> None:
-        self.gw = gateway
+        self.pool = pool
+        self.store = store
+        self.metrics = metrics
+        self.client = client
         self.replan_seconds = replan_seconds
         self.stats_interval = stats_interval
         self.frozen = False
@@ -62,7 +73,7 @@ class PrismScheduler:
         self._task: asyncio.Task[None] | None = None
 
     def backends(self) -> list[Any]:
-        return [b for b in self.gw.pool if b.config.moe is not None]
+        return [b for b in self.pool if b.config.moe is not None]
 
     def start(self) -> None:
         if self.backends():
@@ -95,7 +106,7 @@ class PrismScheduler:
         fetched: set[str] = set()
         for b in self.backends():
             try:
-                r = await self.gw.client.get(b.config.url + "/moe/stats", timeout=2.0)
+                r = await self.client().get(b.config.url + "/moe/stats", timeout=2.0)
                 if r.status_code == 200:
                     report = r.json()
                     self.reports[b.id] = report
@@ -108,22 +119,22 @@ class PrismScheduler:
         await self._sync_store(fetched)
         for backend_id, report in self.reports.items():
             if isinstance(report.get("local_ratio"), float | int):
-                self.gw.metrics.expert_local.labels(backend_id).set(report["local_ratio"])
+                self.metrics.expert_local.labels(backend_id).set(report["local_ratio"])
         self._feed_policy()
 
     def _feed_policy(self) -> None:
         """Hand the map and the per-class statistics to the `prism` routing policy."""
-        self.gw.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
+        self.pool.set_experts({k: frozenset(v) for k, v in self.map.items()}, self.class_stats())
 
     async def _is_planner(self) -> bool:
         try:
-            return await self.gw.store.lease(PRISM_PLANNER, 3 * self.stats_interval)
+            return await self.store.lease(PRISM_PLANNER, 3 * self.stats_interval)
         except StoreUnavailable:
             return False  # without the store, no replica re-plans on its own
 
     async def _publish(self, fields: dict[str, Any]) -> None:
         try:
-            await self.gw.store.write_fields(
+            await self.store.write_fields(
                 PRISM, {k: orjson.dumps(v).decode() for k, v in fields.items()}
             )
         except StoreUnavailable:
@@ -134,7 +145,7 @@ class PrismScheduler:
         fresh = {f"stats:{k}": self.reports[k] for k in fetched}
         await self._publish(fresh)
         try:
-            shared = await self.gw.store.read_fields(PRISM)
+            shared = await self.store.read_fields(PRISM)
         except StoreUnavailable:
             return
         ids = {b.id for b in self.backends()}
@@ -249,7 +260,7 @@ class PrismScheduler:
         headers = {"content-type": "application/json"}
         if (token := backend.config.moe.admin_token) is not None:
             headers["authorization"] = f"Bearer {token.get_secret_value()}"
-        r = await self.gw.client.put(
+        r = await self.client().put(
             backend.config.url + "/admin/placement",
             content=orjson.dumps({"hosted": hosted}),
             headers=headers,

@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ab.add_argument("--after", default=Path("."), type=Path, help="the newer checkout")
     ab.add_argument("--pairs", type=int, default=10)
     ab.add_argument("--seconds", type=float, default=5.0, help="per measurement phase")
+    ab.add_argument("--name", default="overhead_ab", help="the results files' name")
     ab.add_argument("--json", help="also write the results as JSON here")
     ab.set_defaults(func=lambda a: _overhead_ab(a))
     n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
@@ -114,7 +115,7 @@ def _overhead(a: argparse.Namespace) -> None:
 def _overhead_ab(a: argparse.Namespace) -> None:
     from edgeroute.bench.overhead_ab import main
 
-    main(a.before.resolve(), a.after.resolve(), a.pairs, a.seconds, a.json)
+    main(a.before.resolve(), a.after.resolve(), a.pairs, a.seconds, a.json, a.name)
 
 
 def _capacity(a: argparse.Namespace) -> None:

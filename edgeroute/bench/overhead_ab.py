@@ -90,7 +90,9 @@ def measure(tree: Path, seconds: float) -> dict[str, float]:
     return sample
 
 
-def main(before: Path, after: Path, pairs: int, seconds: float, json_path: str | None) -> None:
+def main(
+    before: Path, after: Path, pairs: int, seconds: float, json_path: str | None, name: str
+) -> None:
     samples: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     for i in range(pairs):
         # Alternate which side goes first, so neither always runs on a warmer machine.
@@ -113,10 +115,10 @@ def main(before: Path, after: Path, pairs: int, seconds: float, json_path: str |
         | {k: round(statistics.median(v), 3) for k, v in ratios.items()}
     )
     write(
-        "overhead_ab",
+        name,
         {
             "command": f"edgeroute bench overhead-ab --before {before} --after {after} "
-            f"--pairs {pairs} --seconds {seconds}",
+            f"--pairs {pairs} --seconds {seconds} --name {name}",
             "before": str(before),
             "after": str(after),
             "pairs": pairs,
