@@ -28,6 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 from gateway.auth import require_admin
 from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
+from gateway.hooks import QoSAccounting
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.oracle_api import oracle_router
@@ -110,7 +111,13 @@ class Gateway:
             self.pool, self.store, self.metrics, lambda: self.client, settings.prism_replan_seconds
         )
         self.proxy = Proxy(
-            settings, self.pool, self.routes, self.upstream, self.metrics, self.transfers
+            settings,
+            self.pool,
+            self.routes,
+            self.upstream,
+            self.metrics,
+            self.transfers,
+            hooks=[QoSAccounting(self.metrics)],
         )
         self.started = False
 

@@ -16,7 +16,7 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from starlette.responses import Response
 from gateway.auth import require_client_key
 from gateway.backends import Backend, BackendPool, InflightEntry
 from gateway.errors import GatewayError
+from gateway.hooks import Dispatch, Hook, KVTransferCounting, Outcome
 from gateway.logs import request_id
 from gateway.metrics import GatewayMetrics, series
 from gateway.relay import ClientWatch, RelayResponse
@@ -99,6 +100,8 @@ class Upstream:
     entry: InflightEntry | None = None
     events: SSEScanner | None = None  # a stream's framing check and token count
     answer: Any = None  # a whole 2xx answer, parsed once (it must be JSON)
+    dispatch: Dispatch | None = None  # the attempt that got this answer, for the hooks
+    hooks: tuple[Hook, ...] = ()
 
 
 def _text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
@@ -125,13 +128,16 @@ class Proxy:
         upstream: UpstreamPool,
         metrics: GatewayMetrics,
         transfers: KVTransfers,
+        hooks: Sequence[Hook] = (),
     ) -> None:
+        """`hooks`: called around every attempt of every request (see gateway.hooks)."""
         self.settings = settings
         self.pool = pool
         self.routes = routes
         self.upstream = upstream
         self.metrics = metrics
         self.transfers = transfers
+        self.hooks = tuple(hooks)
         s = settings
         self._seq = itertools.count()
         self._rid_prefix = os.urandom(6).hex()  # request ids: this prefix and a counter
@@ -250,7 +256,7 @@ class Proxy:
             return await self._route_disaggregated(hdrs, path, body, headers, rid, t0)
         pipeline = self.routes.for_model(model)
         info = self._request_info(hdrs, body, Need.BLOCK_HASHES in pipeline.needs)
-        up, t_sent = await self._forward(pipeline, info, path, raw, headers, model)
+        up, t_sent = await self._forward(pipeline, info, path, raw, headers, model, rid)
         return self._respond(up, model, rid, t0, t_sent, time.perf_counter(), info.stream)
 
     async def _forward(
@@ -261,16 +267,17 @@ class Proxy:
         raw: bytes,
         headers: list[tuple[bytes, bytes]],
         model: str,
+        rid: str,
         *,
         stream: bool | None = None,
-        on_dispatch: Callable[[Backend], None] | None = None,
-        on_release: Callable[[Backend], None] | None = None,
+        hooks: tuple[Hook, ...] = (),
     ) -> tuple[Upstream, float]:
         """Pick a backend and send; on failure before any byte is relayed, try another.
 
-        Returns the backend's answer and when it was sent. `on_dispatch` runs when a
-        backend is chosen, `on_release` when an attempt on it is abandoned.
+        Returns the backend's answer and when it was sent. `hooks` are this request's
+        own, called after the proxy's.
         """
+        hooks = self.hooks + hooks
         s = self.settings
         stream = info.stream if stream is None else stream
         t_decide = time.perf_counter()
@@ -306,18 +313,17 @@ class Proxy:
                 pred_length=length,
                 token_target=decision.token_target,
             )
-            if decision.predicted is not None:
-                series(self.metrics.qos_score, backend.id).observe(score)
             self.pool.dispatched(backend, info.block_hashes, entry)
-            if on_dispatch is not None:
-                on_dispatch(backend)
+            dispatch = Dispatch(info, decision, backend, model, rid)
+            for hook in hooks:
+                hook.dispatched(dispatch)
             t_sent = time.perf_counter()
             try:
                 up = await self._open(backend, path, raw, headers, stream)
             except Retryable as exc:
                 self.pool.finished(backend, entry)
-                if on_release is not None:
-                    on_release(backend)
+                for hook in hooks:
+                    hook.ended(dispatch, None)
                 if self.pool.failed(backend):
                     log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
                 series(self.metrics.retries, backend.id, exc.reason).inc()
@@ -325,11 +331,15 @@ class Proxy:
                 continue
             except asyncio.CancelledError:  # the client left
                 self.pool.finished(backend, entry)
-                if on_release is not None:
-                    on_release(backend)
+                for hook in hooks:
+                    hook.ended(dispatch, None)
                 series(self.metrics.requests, model, backend.id, "499").inc()
                 raise
             up.entry = entry
+            up.dispatch = dispatch
+            up.hooks = hooks
+            for hook in hooks:
+                hook.first_byte(dispatch)
             return up, t_sent
         if last is None:  # every ranked backend was removed meanwhile
             raise GatewayError(
@@ -364,6 +374,7 @@ class Proxy:
             orjson.dumps(prefill_body),
             headers,
             model,
+            rid,
             stream=False,
         )
         prefill_wait = time.perf_counter() - t_prefill_sent
@@ -372,6 +383,7 @@ class Proxy:
         if up.response.status != 200:
             return self._respond(up, model, rid, t0, t_prefill_sent, time.perf_counter(), False)
         self.pool.succeeded(prefill)
+        self._ended(up, Outcome("200", 0, time.perf_counter() - t0))
         try:
             params = up.answer["kv_transfer_params"]
             if not isinstance(params, dict):
@@ -383,41 +395,7 @@ class Proxy:
                 code="upstream_error",
             ) from exc
 
-        oracle = self.pool.oracle
-        tiers: dict[str, str] = {}
-
-        def started(decode: Backend) -> None:
-            tier = oracle.tier(prefill.id, decode.id) if oracle is not None else "unknown"
-            tiers[decode.id] = tier
-            estimate = (
-                oracle.transfer_seconds(
-                    prefill.id,
-                    decode.id,
-                    info.prompt_tokens * decode.config.profile.kv_bytes_per_token,
-                )
-                if oracle is not None
-                else None
-            )
-            if estimate is not None:
-                series(self.metrics.kv_estimate, tier).observe(estimate)
-            self.transfers.started(
-                prefill.id,
-                tier,
-                {
-                    "ts": time.time(),
-                    "request_id": rid,
-                    "source": prefill.id,
-                    "destination": decode.id,
-                    "tier": tier,
-                    "payload_bytes": info.prompt_tokens * decode.config.profile.kv_bytes_per_token,
-                    "estimate_s": estimate,
-                    "priority": "interactive",
-                },
-            )
-
-        def released(decode: Backend) -> None:
-            self.transfers.finished(prefill.id, tiers[decode.id])
-
+        transfer = KVTransferCounting(self.transfers, self.metrics, self.pool.oracle, prefill)
         decode_body = dict(body)
         decode_body["kv_transfer_params"] = params
         up, t_sent = await self._forward(
@@ -427,12 +405,11 @@ class Proxy:
             orjson.dumps(decode_body),
             headers,
             model,
-            on_dispatch=started,
-            on_release=released,
+            rid,
+            hooks=(transfer,),
         )
-        t_first = time.perf_counter()
-        released(up.backend)  # the decode side's first bytes: the KV cache has landed
-        tier = tiers[up.backend.id]
+        t_first = time.perf_counter()  # the decode side's first bytes: the cache has landed
+        tier = transfer.tier(up.backend)
         series(self.metrics.pd_requests, prefill.id, up.backend.id, tier).inc()
         series(self.metrics.pd_ttft, tier).observe(t_first - t0)
         series(self.metrics.pd_decode_wait, tier).observe(t_first - t_sent)
@@ -652,15 +629,13 @@ class Proxy:
         series(self.metrics.e2e, model, b.id).observe(elapsed)
         if tokens:
             series(self.metrics.output_tokens, model, b.id).inc(tokens)
-        target = up.entry.token_target if up.entry is not None else None
-        if target is None or status == "499":
-            return
-        if status != "200" or tokens <= 0:
-            series(self.metrics.qos_requests, "failed").inc()
-            return
-        per_token = elapsed / tokens
-        self.metrics.qos_token_latency.observe(per_token)
-        series(self.metrics.qos_requests, "met" if per_token <= target else "missed").inc()
+        self._ended(up, Outcome(status, tokens, elapsed))
+
+    @staticmethod
+    def _ended(up: Upstream, outcome: Outcome) -> None:
+        if up.dispatch is not None:
+            for hook in up.hooks:
+                hook.ended(up.dispatch, outcome)
 
 
 def _retryable(backend_id: str, exc: UpstreamError) -> Retryable:
