@@ -16,7 +16,7 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,7 +40,7 @@ from gateway.upstream import Attempt, UpstreamError, UpstreamPool, UpstreamRespo
 from policies.pipeline import Policy
 from policies.plugins import Need
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
-from policies.types import RequestInfo
+from policies.types import ClusterView, Decision, RequestInfo
 
 log = logging.getLogger("edgeroute.proxy")
 
@@ -280,27 +280,27 @@ class Proxy:
         hooks = self.hooks + hooks
         s = self.settings
         stream = info.stream if stream is None else stream
+        view = self.pool.view
         t_decide = time.perf_counter()
-        ranking = pipeline.ranked(info, self.pool.view)
+        first = pipeline.decide(info, view)
         # Taken before the series lookup below, which is not the policy's time.
         decided_in = time.perf_counter() - t_decide
         series(self.metrics.decision, pipeline.name).observe(decided_in)
-        if ranking[0].backend_id is None:
-            decision = ranking[0]
-            qos = decision.token_target is not None
+        if first.backend_id is None:
+            qos = first.token_target is not None
             series(self.metrics.shed, model, "qos" if qos else "no_backend").inc()
             if qos:
                 series(self.metrics.qos_requests, "shed").inc()
             raise GatewayError(
                 503,
-                f"no backend can take this request: {decision.reason}",
+                f"no backend can take this request: {first.reason}",
                 code="no_capacity",
                 retry_after=s.retry_after,
             )
         last: Retryable | None = None
         # The ranking, walked: a failure before any byte reached the client moves on to
         # the next backend, up to `retries` times; past its end, the last failure stands.
-        for decision in ranking[: 1 + s.retries]:
+        for decision in itertools.islice(_ranking(pipeline, info, view, first), 1 + s.retries):
             backend = self.pool.get(decision.backend_id or "")
             if backend is None:
                 continue  # removed since the decision
@@ -662,6 +662,19 @@ def _answer_named(answer: Any, request_id: bytes) -> bool:
     """Does a whole answer's `id` end with `request_id`? (True when it has none.)"""
     rid = answer.get("id") if isinstance(answer, dict) else None
     return not isinstance(rid, str) or rid.encode().endswith(request_id)
+
+
+def _ranking(
+    policy: Policy, info: RequestInfo, view: ClusterView, first: Decision
+) -> Iterator[Decision]:
+    """`first` (the policy's decision), then the rest of its ranking of the same
+    snapshot, worked out only if the first attempt fails. The backends' cached prefix
+    blocks are a live view, which the first dispatch has changed, so `first` is left
+    out by name rather than by position."""
+    yield first
+    for decision in policy.ranked(info, view):
+        if decision.backend_id != first.backend_id:
+            yield decision
 
 
 def _mismatch(backend_id: str) -> Retryable:

@@ -21,10 +21,18 @@ class Argmax:
     def pick(
         self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
     ) -> BackendView:
+        return candidates[self._best(req, len(candidates), scores)]
+
+    def rank(
+        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
+    ) -> list[int]:
+        return _then_best(self._best(req, len(candidates), scores), len(candidates), scores)
+
+    def _best(self, req: RequestInfo, n: int, scores: Sequence[float]) -> int:
         # A plain loop, not max() and min(): this runs on every request, where their
-        # C code is cold and costs more than the loop does (see the README).
+        # C code is cold and costs more than the loop does (see docs/performance.md).
         if len(scores) <= 1:  # no scores (no scorers): every candidate is equal
-            return candidates[req.entropy % len(candidates)]
+            return req.entropy % n
         top = low = scores[0]
         for s in scores:
             if s > top:
@@ -33,18 +41,12 @@ class Argmax:
                 low = s
         floor = top - self.tie_epsilon
         if low >= floor:  # all tied, as in an idle or evenly loaded pool
-            return candidates[req.entropy % len(candidates)]
+            return req.entropy % n
         near = []
         for i, s in enumerate(scores):
             if s >= floor:
                 near.append(i)
-        return candidates[near[req.entropy % len(near)]]
-
-    def rank(
-        self, req: RequestInfo, candidates: Sequence[BackendView], scores: Sequence[float]
-    ) -> list[int]:
-        first = _index_of(candidates, self.pick(req, candidates, scores))
-        return _then_best(first, len(candidates), scores)
+        return near[req.entropy % len(near)]
 
 
 @dataclass(frozen=True)

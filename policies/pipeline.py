@@ -152,8 +152,15 @@ class Pipeline:
         if isinstance(scored, Decision):
             return (scored,)  # a rejection
         candidates, total = scored
-        choice = self._choice
-        return tuple([choice(candidates[i].id) for i in self.picker.rank(req, candidates, total)])
+        choices = self._plan.cache.choices
+        out = []
+        for i in self.picker.rank(req, candidates, total):
+            backend_id = candidates[i].id
+            decision = choices.get(backend_id)
+            if decision is None:
+                decision = choices[backend_id] = Decision(backend_id)
+            out.append(decision)
+        return tuple(out)
 
     def _choice(self, backend_id: str) -> Decision:
         choices = self._plan.cache.choices
