@@ -28,7 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 from gateway.auth import require_admin
 from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
-from gateway.hooks import QoSAccounting
+from gateway.hooks import Hook, QoSAccounting
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.oracle_api import oracle_router
@@ -85,7 +85,7 @@ class Gateway:
         self.transfers = KVTransfers(self.pool)
         self.routing = settings.routing
         self.routes = Routes(settings.routing)
-        self._provide_what_policies_need()
+        self._hooks: list[Hook] = []
         url = settings.redis_url.get_secret_value() if settings.redis_url is not None else None
         self.store = SharedStore(url, self.replica_id, settings.replica_ttl)
         self._client: httpx.AsyncClient | None = None  # made in start(), in the loop
@@ -117,8 +117,8 @@ class Gateway:
             self.upstream,
             self.metrics,
             self.transfers,
-            hooks=[QoSAccounting(self.metrics)],
         )
+        self._provide_what_policies_need()
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -170,7 +170,15 @@ class Gateway:
         # The snapshot carries what the policies declared they read, and only that.
         self.pool.track_requests = Need.INFLIGHT_REQUESTS in self.routes.needs
         self.pool.provide_network = Need.ORACLE in self.routes.needs
+        accounting = Need.LATENCY_TARGETS in self.routes.needs
+        qos = (QoSAccounting(self.metrics),) if accounting else ()
+        self.proxy.hooks = (*qos, *self._hooks)
         self.pool.rebuild()
+
+    def add_hook(self, hook: Hook) -> None:
+        """Call `hook` around every attempt of every request (see gateway.hooks)."""
+        self._hooks.append(hook)
+        self._provide_what_policies_need()
 
     def pipeline_for(self, model: str) -> Policy:
         return self.routes.for_model(model)

@@ -314,16 +314,19 @@ class Proxy:
                 token_target=decision.token_target,
             )
             self.pool.dispatched(backend, info.block_hashes, entry)
-            dispatch = Dispatch(info, decision, backend, model, rid)
-            for hook in hooks:
-                hook.dispatched(dispatch)
+            # Only built when there are hooks to call: most requests have none.
+            dispatch = Dispatch(info, decision, backend, model, rid) if hooks else None
+            if dispatch is not None:
+                for hook in hooks:
+                    hook.dispatched(dispatch)
             t_sent = time.perf_counter()
             try:
                 up = await self._open(backend, path, raw, headers, stream)
             except Retryable as exc:
                 self.pool.finished(backend, entry)
-                for hook in hooks:
-                    hook.ended(dispatch, None)
+                if dispatch is not None:
+                    for hook in hooks:
+                        hook.ended(dispatch, None)
                 if self.pool.failed(backend):
                     log.warning("backend %s circuit open after: %s", backend.id, exc.reason)
                 series(self.metrics.retries, backend.id, exc.reason).inc()
@@ -331,15 +334,17 @@ class Proxy:
                 continue
             except asyncio.CancelledError:  # the client left
                 self.pool.finished(backend, entry)
-                for hook in hooks:
-                    hook.ended(dispatch, None)
+                if dispatch is not None:
+                    for hook in hooks:
+                        hook.ended(dispatch, None)
                 series(self.metrics.requests, model, backend.id, "499").inc()
                 raise
             up.entry = entry
-            up.dispatch = dispatch
-            up.hooks = hooks
-            for hook in hooks:
-                hook.first_byte(dispatch)
+            if dispatch is not None:
+                up.dispatch = dispatch
+                up.hooks = hooks
+                for hook in hooks:
+                    hook.first_byte(dispatch)
             return up, t_sent
         if last is None:  # every ranked backend was removed meanwhile
             raise GatewayError(

@@ -41,6 +41,7 @@ class Need(enum.Enum):
     BLOCK_HASHES = "block_hashes"  # RequestInfo.block_hashes: the prompt's prefix blocks
     INFLIGHT_REQUESTS = "inflight_requests"  # BackendView.requests: each one's progress
     ORACLE = "oracle"  # ClusterView.oracle and self_contention: NetKV's network view
+    LATENCY_TARGETS = "latency_targets"  # accounting of Decision.token_target (met, missed)
 
 
 NO_NEEDS: frozenset[Need] = frozenset()

@@ -31,7 +31,7 @@ MAX_TOKENS = 300.0
 
 class QoSDRL:
     name = "qos_drl"
-    needs = frozenset({Need.INFLIGHT_REQUESTS})
+    needs = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
 
     def __init__(
         self, model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5

@@ -39,7 +39,7 @@ def test_hooks_see_a_failed_attempt_then_the_one_that_answers(
         routing={"default": {"policy": "round_robin"}},
     )
     recorder = Recorder()
-    gw.proxy.hooks = (*gw.proxy.hooks, recorder)
+    gw.add_hook(recorder)
     flaky.config.fault.mode = "error"
     r = httpx.post(url + CHAT, json=BODY, timeout=10)  # round-robin's first: flaky
     assert r.status_code == 200 and r.headers["x-edgeroute-backend"] == "steady"
