@@ -94,16 +94,14 @@ class KVTransferCounting:
         self.metrics = metrics
         self.oracle = oracle
         self.prefill = prefill
-        self.tiers: dict[str, str] = {}  # decode backend -> its tier, while in flight
-
-    def tier(self, decode: Backend) -> str:
-        oracle = self.oracle
-        return oracle.tier(self.prefill.id, decode.id) if oracle is not None else "unknown"
+        self.tiers: dict[str, str] = {}  # decode backend -> its tier, as priced at dispatch
+        self._in_flight: set[str] = set()
 
     def dispatched(self, d: Dispatch) -> None:
         decode, oracle = d.backend, self.oracle
-        tier = self.tier(decode)
+        tier = oracle.tier(self.prefill.id, decode.id) if oracle is not None else "unknown"
         self.tiers[decode.id] = tier
+        self._in_flight.add(decode.id)
         payload = d.request.prompt_tokens * decode.config.profile.kv_bytes_per_token
         estimate = (
             oracle.transfer_seconds(self.prefill.id, decode.id, payload)
@@ -131,6 +129,6 @@ class KVTransferCounting:
         self._landed(d.backend)
 
     def _landed(self, decode: Backend) -> None:
-        tier = self.tiers.pop(decode.id, None)
-        if tier is not None:
-            self.transfers.finished(self.prefill.id, tier)
+        if decode.id in self._in_flight:
+            self._in_flight.discard(decode.id)
+            self.transfers.finished(self.prefill.id, self.tiers[decode.id])

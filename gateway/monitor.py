@@ -130,7 +130,9 @@ class Monitor:
         timeout = self.settings.timeouts.scrape
         try:
             if not b.config.models and (not b.models or b.stats.scraped_at < 0):
-                r = await client.get(f"{b.config.url}/v1/models", timeout=timeout, headers=_auth(b))
+                authorization = b.config.authorization()
+                headers = {"authorization": authorization} if authorization else {}
+                r = await client.get(f"{b.config.url}/v1/models", timeout=timeout, headers=headers)
                 if r.status_code == 200:
                     b.models = frozenset(m["id"] for m in r.json().get("data", []))
             r = await client.get(f"{b.config.url}/metrics", timeout=timeout)
@@ -264,9 +266,3 @@ class Monitor:
         for (prefill, tier), n in list(self.transfers.counts.items()):
             m.self_contention.labels(prefill, tier).set(n)
         m.store_age.set(now - self.last_sync)
-
-
-def _auth(b: Backend) -> dict[str, str]:
-    if b.config.api_key is None:
-        return {}
-    return {"authorization": f"Bearer {b.config.api_key.get_secret_value()}"}

@@ -414,7 +414,7 @@ class Proxy:
             hooks=(transfer,),
         )
         t_first = time.perf_counter()  # the decode side's first bytes: the cache has landed
-        tier = transfer.tier(up.backend)
+        tier = transfer.tiers[up.backend.id]  # as the transfer was priced
         series(self.metrics.pd_requests, prefill.id, up.backend.id, tier).inc()
         series(self.metrics.pd_ttft, tier).observe(t_first - t0)
         series(self.metrics.pd_decode_wait, tier).observe(t_first - t_sent)
@@ -442,11 +442,10 @@ class Proxy:
         headers: list[tuple[bytes, bytes]],
         stream: bool,
     ) -> Upstream:
-        cfg = backend.config
-        if cfg.api_key is not None:
+        authorization = backend.config.authorization()
+        if authorization is not None:
             headers = [(k, v) for k, v in headers if k != b"authorization"]
-            key = cfg.api_key.get_secret_value()
-            headers.append((b"authorization", f"Bearer {key}".encode("latin-1")))
+            headers.append((b"authorization", authorization.encode("latin-1")))
         wait = self._first_byte if stream else self._response
         attempt = Attempt(time.monotonic(), stream)
         backend.pending.add(attempt)

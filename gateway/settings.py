@@ -80,6 +80,12 @@ class BackendConfig(BaseModel):
         """Where the proxy path connects."""
         return Target.parse(self.url)
 
+    def authorization(self) -> str | None:
+        """The `authorization` header the gateway sends this backend (its api_key)."""
+        if self.api_key is None:
+            return None
+        return f"Bearer {self.api_key.get_secret_value()}"
+
     @cached_property
     def iter_base(self) -> float:
         """Seconds per decode iteration; an OD-MoE backend's come from its pipeline."""

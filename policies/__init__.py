@@ -4,7 +4,7 @@ The gateway and every simulator call the very same objects.
 """
 
 from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer
-from policies.plugins import Need, PluginError, Registry, default_registry
+from policies.plugins import Need, PluginError, Registry, check_params, default_registry
 from policies.registry import PRESETS, PipelineSpec, PluginRef, build_pipeline, build_policy
 from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role
 
@@ -27,5 +27,6 @@ __all__ = [
     "Scorer",
     "build_pipeline",
     "build_policy",
+    "check_params",
     "default_registry",
 ]

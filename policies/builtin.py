@@ -7,23 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from policies import filters, netkv, pickers, scorers
-from policies.plugins import Kind, PluginError, Registry, from_dataclass
+from policies.plugins import Kind, Registry, check_params, from_dataclass
 
 
-def _role(role: str, name: str) -> Any:
-    def make(params: Mapping[str, Any]) -> filters.Role:
-        if params:
-            raise PluginError("takes no parameters (use the 'role' filter with a role)")
-        return filters.Role(role=role, name=name)
+def _fixed(plugin: object) -> Any:
+    """A factory for a preconfigured variant (prefill_role, netkv_full, ...): it takes
+    no parameters of its own."""
 
-    return make
-
-
-def _netkv(self_contention: bool, congestion: bool, name: str) -> Any:
-    def make(params: Mapping[str, Any]) -> netkv.NetKVCost:
-        if params:
-            raise PluginError("takes no parameters (each variant is its own type)")
-        return netkv.NetKVCost(self_contention, congestion, name=name)
+    def make(params: Mapping[str, Any]) -> object:
+        check_params(params, ())
+        return plugin
 
     return make
 
@@ -31,9 +24,7 @@ def _netkv(self_contention: bool, congestion: bool, name: str) -> Any:
 def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
 
-    unknown = sorted(set(params) - {"model", "latency_ms", "running_cap"})
-    if unknown:
-        raise PluginError(f"unknown parameters {unknown} (known: latency_ms, model, running_cap)")
+    check_params(params, ("model", "latency_ms", "running_cap"))
     model = params.get("model")
     return QoSDRL(
         Path(model) if model else DEFAULT_MODEL_DIR,
@@ -60,11 +51,16 @@ def register_builtins(registry: Registry) -> None:
     ]
     for kind, name, cls in dataclass_plugins:
         registry.register(kind, name, from_dataclass(cls))
-    registry.register("filter", "prefill_role", _role("prefill", "prefill_role"))
-    registry.register("filter", "decode_role", _role("decode", "decode_role"))
-
-    registry.register("scorer", "netkv_topology", _netkv(False, False, "netkv_topology"))
-    registry.register("scorer", "netkv_static", _netkv(True, False, "netkv_static"))
-    registry.register("scorer", "netkv_full", _netkv(True, True, "netkv_full"))
+    for role in ("prefill", "decode"):
+        name = f"{role}_role"
+        registry.register("filter", name, _fixed(filters.Role(role=role, name=name)))
+    for name, self_contention, congestion in (
+        ("netkv_topology", False, False),
+        ("netkv_static", True, False),
+        ("netkv_full", True, True),
+    ):
+        registry.register(
+            "scorer", name, _fixed(netkv.NetKVCost(self_contention, congestion, name=name))
+        )
 
     registry.register("policy", "qos_drl", _qos_drl)

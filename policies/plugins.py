@@ -18,7 +18,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
@@ -57,15 +57,21 @@ class PluginError(ValueError):
     """An unknown plugin type, or parameters its factory refused."""
 
 
+def check_params(params: Mapping[str, Any], known: Iterable[str]) -> None:
+    """PluginError when `params` names a parameter outside `known`: for factories."""
+    allowed = set(known)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        listed = ", ".join(sorted(allowed)) or "none"
+        raise PluginError(f"unknown parameters {unknown} (known: {listed})")
+
+
 def from_dataclass(cls: type) -> Factory:
     """A factory for a dataclass plugin: its init fields (but `name`) are its parameters."""
     fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "name"}
 
     def make(params: Mapping[str, Any]) -> Any:
-        unknown = sorted(set(params) - fields)
-        if unknown:
-            known = ", ".join(sorted(fields)) or "none"
-            raise PluginError(f"unknown parameters {unknown} (known: {known})")
+        check_params(params, fields)
         return cls(**params)
 
     make.__doc__ = f"Make a {cls.__name__} from its parameters."

@@ -3,6 +3,7 @@ with no file of the gateway touched (examples/edgeroute-pinned)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -22,9 +23,12 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
 @pytest.fixture(scope="module")
-def installed() -> Iterator[None]:
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # Built from a copy: a build leaves build/ and *.egg-info beside the sources.
+    source = tmp_path_factory.mktemp("plugin") / PACKAGE.name
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
-        [*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index", str(PACKAGE)],
+        [*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index", str(source)],
         check=True,
         capture_output=True,
     )

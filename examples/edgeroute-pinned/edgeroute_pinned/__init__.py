@@ -15,6 +15,7 @@ from policies import (
     Need,
     PluginError,
     RequestInfo,
+    check_params,
 )
 from policies.filters import Healthy, ServesModel
 
@@ -33,9 +34,7 @@ class Pinned:
 
 
 def _backends(params: Mapping[str, Any]) -> tuple[str, ...]:
-    unknown = set(params) - {"backends"}
-    if unknown:
-        raise PluginError(f"unknown parameters {sorted(unknown)} (known: backends)")
+    check_params(params, ("backends",))
     names = params.get("backends")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
         raise PluginError("'backends' must be a non-empty list of backend ids")
