@@ -28,7 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 from gateway.auth import require_admin
 from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
-from gateway.hooks import Hook, QoSAccounting
+from gateway.hooks import Hook, QoSAccounting, make_hook
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.oracle_api import oracle_router
@@ -118,6 +118,8 @@ class Gateway:
             self.metrics,
             self.transfers,
         )
+        for ref in settings.hooks:
+            self._hooks.append(make_hook(ref.type, ref.params))
         self._provide_what_policies_need()
         self.started = False
 

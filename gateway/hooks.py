@@ -11,11 +11,14 @@ For every attempt on a backend the proxy calls each of the request's hooks:
 Hooks are for accounting around the request (metrics, counters, intents), never for
 routing: a hook must not block, and must not fail. The gateway's own are QoS
 accounting (every request) and NetKV's KV-transfer counting (disaggregated ones).
+An installed package adds one through the entry-point group `edgeroute.hooks`, and
+the config names it: `hooks: [{type: my_hook, params: {...}}]`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +26,7 @@ from gateway.backends import Backend
 from gateway.metrics import GatewayMetrics, series
 from gateway.transfers import KVTransfers
 from oracle.topology import Topology
+from policies.plugins import default_registry
 from policies.types import Decision, RequestInfo
 
 
@@ -50,6 +54,12 @@ class Hook(Protocol):
     def first_byte(self, d: Dispatch) -> None: ...
 
     def ended(self, d: Dispatch, outcome: Outcome | None) -> None: ...
+
+
+def make_hook(type_name: str, params: Mapping[str, Any]) -> Hook:
+    """The hook an installed package registered as `type_name` (PluginError if none)."""
+    hook: Hook = default_registry().create("hook", type_name, params)
+    return hook
 
 
 class QoSAccounting:

@@ -32,6 +32,7 @@ from gateway.upstream import Target
 from oracle.topology import Topology
 from policies import PipelineSpec
 from policies.odmoe import OdMoEConfig
+from policies.registry import PluginRef
 from policies.types import Role
 
 
@@ -204,6 +205,8 @@ class Settings(BaseSettings):
     port: int = 8000
     backends: list[BackendConfig] = Field(default_factory=list)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    # Request hooks from installed packages (entry-point group `edgeroute.hooks`).
+    hooks: list[PluginRef] = Field(default_factory=list)
     oracle: Topology | None = None  # the NetKV oracle's initial topology
     prism_replan_seconds: float = Field(default=300.0, gt=0)  # Prism's re-planning period
     # None: start an embedded Valkey server (with a generated password). A password

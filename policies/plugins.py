@@ -1,4 +1,5 @@
-"""Plugins: every filter, scorer, picker and whole policy, registered by type name.
+"""Plugins: every filter, scorer, picker, whole policy and request hook, registered by
+type name.
 
 The built-ins are registered in `policies.builtin`. An installed package adds its own
 through an entry-point group, with no edit to this repository:
@@ -24,13 +25,16 @@ from typing import Any, Literal
 
 log = logging.getLogger("edgeroute.plugins")
 
-Kind = Literal["filter", "scorer", "picker", "policy"]
-KINDS: tuple[Kind, ...] = ("filter", "scorer", "picker", "policy")
+# A hook is called around each attempt of each request (see gateway.hooks); it is
+# registered here so that one mechanism finds every kind of plugin.
+Kind = Literal["filter", "scorer", "picker", "policy", "hook"]
+KINDS: tuple[Kind, ...] = ("filter", "scorer", "picker", "policy", "hook")
 GROUPS: dict[Kind, str] = {
     "filter": "edgeroute.filters",
     "scorer": "edgeroute.scorers",
     "picker": "edgeroute.pickers",
     "policy": "edgeroute.policies",
+    "hook": "edgeroute.hooks",
 }
 Factory = Callable[[Mapping[str, Any]], Any]
 

@@ -3,6 +3,7 @@ with no file of the gateway touched (examples/edgeroute-pinned)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -46,16 +47,18 @@ def post(url: str, body: dict[str, object]) -> httpx.Response:
     return r
 
 
-def test_an_installed_scorer_and_policy_are_chosen_in_yaml_and_route(
+def test_an_installed_scorer_policy_and_hook_are_chosen_in_yaml_and_act(
     installed: None, tmp_path: Path
 ) -> None:
     names = ("--served-model-name", "instant", "--served-model-name", "other")
     workers = [WorkerProcess("--profile", "instant", *names) for _ in range(3)]
     config = tmp_path / "gateway.yaml"
+    outcomes = tmp_path / "outcomes.jsonl"
     config.write_text(
         yaml.safe_dump(
             {
                 "backends": [{"id": f"w{i}", "url": w.url} for i, w in enumerate(workers)],
+                "hooks": [{"type": "outcome_log", "params": {"path": str(outcomes)}}],
                 "routing": {
                     # The installed scorer, with parameters, in a built-in preset.
                     "default": {
@@ -85,6 +88,10 @@ def test_an_installed_scorer_and_policy_are_chosen_in_yaml_and_route(
             picked[raw.headers["x-edgeroute-backend"]] += 1
         # least_load alone spreads over the three; the pinned scorer sends all to w2.
         assert picked == {"w2": 12}
+        # The installed hook saw each of those requests end, on the backend that served it.
+        logged = [json.loads(line) for line in outcomes.read_text().splitlines()]
+        assert [(e["backend"], e["status"]) for e in logged] == [("w2", "200")] * 12
+        assert all(e["tokens"] > 0 for e in logged)
         # The whole policy: the first pinned backend that can serve.
         other = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
         admin = {"authorization": "Bearer plugin-token"}
@@ -112,3 +119,13 @@ def test_a_plugin_given_bad_parameters_is_refused_with_its_own_message(installed
     spec = PipelineSpec(policy="least_load", scorers=[{"type": "pinned", "params": {"x": 1}}])  # type: ignore[list-item]
     with pytest.raises(PluginError, match=r"scorer 'pinned'.*unknown parameters \['x'\]"):
         build_policy(spec, registry)
+
+
+def test_an_unknown_hook_is_refused_by_name(installed: None) -> None:
+    from gateway.hooks import make_hook
+    from policies import PluginError
+
+    with pytest.raises(PluginError, match=r"unknown hook 'no_such_hook'"):
+        make_hook("no_such_hook", {})
+    with pytest.raises(PluginError, match=r"hook 'outcome_log'.*unknown parameters"):
+        make_hook("outcome_log", {"path": "x", "mode": "w"})

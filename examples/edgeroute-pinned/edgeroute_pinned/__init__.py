@@ -1,13 +1,16 @@
 """Example plugins: `pinned`, a scorer that prefers the backends named in its
-parameters, and `pinned_only`, a whole policy that sends every request to the first
-named backend that passes the usual filters (503 when none does)."""
+parameters; `pinned_only`, a whole policy that sends every request to the first
+named backend that passes the usual filters (503 when none does); and `outcome_log`,
+a request hook that appends one JSON line per finished attempt to a file."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gateway.hooks import Dispatch, Outcome
 from policies import (
     BackendView,
     ClusterView,
@@ -64,3 +67,34 @@ class PinnedOnly:
 
 def make_policy(params: Mapping[str, Any]) -> PinnedOnly:
     return PinnedOnly(_backends(params))
+
+
+class OutcomeLog:
+    """Appends `{"rid", "backend", "status", "tokens"}` per attempt that ended."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def dispatched(self, d: Dispatch) -> None:
+        pass
+
+    def first_byte(self, d: Dispatch) -> None:
+        pass
+
+    def ended(self, d: Dispatch, outcome: Outcome | None) -> None:
+        line = {
+            "rid": d.rid,
+            "backend": d.backend.id,
+            "status": outcome.status if outcome is not None else None,
+            "tokens": outcome.tokens if outcome is not None else 0,
+        }
+        with open(self.path, "a") as f:  # an example: a real hook would not block
+            f.write(json.dumps(line) + "\n")
+
+
+def make_outcome_log(params: Mapping[str, Any]) -> OutcomeLog:
+    check_params(params, ("path",))
+    path = params.get("path")
+    if not isinstance(path, str) or not path:
+        raise PluginError("'path' must name a file")
+    return OutcomeLog(path)

@@ -1,0 +1,56 @@
+"""A validated request on its way to a backend, and what routing reads of it."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
+from policies.types import RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A request the proxy has accepted: its body checked, its model known."""
+
+    hdrs: dict[bytes, bytes]  # the client's headers, names lower-case
+    path: str  # /v1/chat/completions or /v1/completions
+    raw: bytes  # the body as the client sent it
+    body: dict[str, Any]  # the body, parsed and validated
+    headers: list[tuple[bytes, bytes]]  # the headers to send upstream
+    model: str
+    rid: str  # the request id, echoed to the client and sent upstream
+    t0: float  # perf_counter() when it arrived
+
+
+class RequestInfos:
+    """Builds the `RequestInfo` a policy reads: the prompt's size, its prefix blocks
+    when a policy needs them, the session, and the request's draw of randomness."""
+
+    def __init__(self, prefix_block_tokens: int) -> None:
+        self.prefix_block_tokens = prefix_block_tokens
+        self._seq = itertools.count()
+
+    def build(self, req: Incoming, hashed: bool) -> RequestInfo:
+        """`hashed`: work out the prompt's block hashes (Need.BLOCK_HASHES)."""
+        body = req.body
+        text = prompt_text(body)
+        value = req.hdrs.get(b"x-session-id")
+        session = (value.decode("latin-1") if value else None) or body.get("user")
+        task = req.hdrs.get(b"x-edgeroute-task")
+        return RequestInfo(
+            model=req.model,
+            prompt_tokens=estimate_tokens(text),
+            block_hashes=block_hashes(text, self.prefix_block_tokens) if hashed else (),
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+            session_hash=stable_hash(session) if isinstance(session, str) and session else None,
+            seq=next(self._seq),
+            entropy=random.getrandbits(63),
+            now=time.monotonic(),
+            stream=bool(body.get("stream")),
+            task=task.decode("latin-1") if task is not None else None,
+            prompt=text,
+        )
