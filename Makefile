@@ -1,21 +1,33 @@
-# Two entry points for a fresh machine: `make demo` and `make test`.
+# Two entry points for a fresh machine: `make demo` (the runtime install alone) and
+# `make test` (the runtime, then what the tests, training and benchmarks need).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 WORKERS ?= 4
+WORKER_PORT ?= 8101
+# On a machine without a GPU, PyTorch's CPU wheels are a fraction of the default
+# (CUDA) build: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+PIP := $(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: setup demo test lint bench
+.PHONY: setup runtime demo test lint bench
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.runtime: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PIP) -e .
 	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
+	$(PIP) -e ".[dev]"
+	touch $@
+
+runtime: $(VENV)/.runtime
 
 setup: $(VENV)/.installed
 
-demo: setup
-	$(VENV)/bin/edgeroute demo --port $(PORT) --workers $(WORKERS)
+demo: runtime
+	$(VENV)/bin/edgeroute demo --port $(PORT) --workers $(WORKERS) --worker-port $(WORKER_PORT)
 
 lint: setup
 	$(VENV)/bin/ruff check .

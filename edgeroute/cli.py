@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import secrets
@@ -11,9 +12,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from gateway.logs import configure
-from gateway.serving import Listener, gateway_listener, run, serve_apps, serve_processes
+from gateway.serving import (
+    Listener,
+    check_ports,
+    gateway_listener,
+    run,
+    serve_apps,
+    serve_processes,
+)
 from gateway.settings import BackendConfig, load_settings
+from workers.quality import default_data_dir
 
 if TYPE_CHECKING:
     from workers.server import WorkerConfig
@@ -33,7 +44,6 @@ def _overrides(pairs: list[str]) -> dict[str, float | int]:
 
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
     from oracle.topology import Topology
-    from workers.quality import default_data_dir
     from workers.server import WorkerConfig
 
     profiles = args.profile.split(",")
@@ -75,6 +85,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     configure(args.log_level, json=not args.plain_logs)
     configs = _worker_configs(args)
+    check_ports(args.host, [c.port for c in configs])
     listeners = [Listener(Worker(c).app, c.host, c.port) for c in configs]
     for c in configs:
         print(f"worker {c.profile} ({c.role}) on http://{c.host}:{c.port}", flush=True)
@@ -93,6 +104,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
         overrides["backends"] = [BackendConfig(url=u) for u in args.backend]
     settings = load_settings(args.config, **overrides)
     configure(settings.log_level, settings.json_logs)
+    check_ports(settings.host, [settings.port])
+    n = len(settings.backends)
+    print(
+        f"edgeroute gateway on http://{settings.host}:{settings.port} "
+        f"({n} backend{'s' if n != 1 else ''}, {settings.processes} process"
+        f"{'es' if settings.processes != 1 else ''})",
+        flush=True,
+    )
+    if n == 0:
+        print(
+            "warning: no backends: every request will get 503 until some are added "
+            "(--backend URL, `backends:` in the config, or POST /admin/backends)",
+            file=sys.stderr,
+            flush=True,
+        )
     if settings.processes > 1:
         serve_processes(create_app, settings, settings.processes)
         return
@@ -106,12 +132,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from gateway.app import create_app
     from workers.profiles import EXPERTS
-    from workers.quality import default_data_dir
     from workers.server import Worker, WorkerConfig
 
     configure(args.log_level, json=not args.plain_logs)
     token = os.environ.get("EDGEROUTE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
     data_dir = default_data_dir()
+    check_ports("127.0.0.1", [args.port, *range(args.worker_port, args.worker_port + args.workers)])
     workers = []
     for i in range(args.workers):
         profile = EXPERTS[i % len(EXPERTS)]
@@ -167,7 +193,7 @@ Ctrl-C stops everything.
 
 
 def cmd_fit_profiles(args: argparse.Namespace) -> None:
-    from workers.quality import PROFILES_FILE, default_data_dir, fit_distributions
+    from workers.quality import PROFILES_FILE, fit_distributions
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     fitted = fit_distributions(data_dir)
@@ -178,7 +204,6 @@ def cmd_fit_profiles(args: argparse.Namespace) -> None:
 
 def cmd_train_qos(args: argparse.Namespace) -> None:
     from edgeroute.qos.train import TrainConfig, train
-    from workers.quality import default_data_dir
 
     cfg = TrainConfig(
         variant=args.variant,
@@ -198,31 +223,44 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
 
 def cmd_train_predictors(args: argparse.Namespace) -> None:
     from edgeroute.qos.predictors import compare_encoders
-    from workers.quality import default_data_dir
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("edgeroute")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help line."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__)
+    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__, formatter_class=_Help)
+    p.add_argument("--version", action="version", version=f"edgeroute {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway")
+    serve = sub.add_parser("serve", help="run the gateway", formatter_class=_Help)
     serve.add_argument("--config", help="YAML settings file (default: $EDGEROUTE_CONFIG)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--backend", action="append", help="backend URL (repeatable)")
+    serve.add_argument("--host", help="address to listen on (default: the config's, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: the config's, 8000)")
+    serve.add_argument(
+        "--backend", action="append", help="backend URL, e.g. http://127.0.0.1:8100 (repeatable)"
+    )
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run emulated vLLM workers")
+    worker = sub.add_parser("worker", help="run emulated vLLM workers", formatter_class=_Help)
     worker.add_argument(
         "--profile",
         default="mistral-7b-chat",
         help="engine profile, or a comma-separated list cycled over --count",
     )
     worker.add_argument("--count", type=int, default=1, help="workers in this process")
-    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--host", default="127.0.0.1", help="address to listen on")
     worker.add_argument("--port", type=int, default=8100, help="port of the first worker")
     worker.add_argument(
         "--speedup",
@@ -230,7 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="run the emulated clock this many times faster than wall time",
     )
-    worker.add_argument("--role", choices=["both", "prefill", "decode"], default="both")
+    worker.add_argument(
+        "--role",
+        choices=["both", "prefill", "decode"],
+        default="both",
+        help="whole requests, or one side of prefill/decode disaggregation",
+    )
     worker.add_argument(
         "--served-model-name",
         action="append",
@@ -263,56 +306,81 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a profile constant, e.g. --set kv_blocks=512",
     )
-    worker.add_argument("--log-level", default="INFO")
-    worker.add_argument("--plain-logs", action="store_true")
+    worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    worker.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
     worker.set_defaults(func=cmd_worker)
 
-    demo = sub.add_parser("demo", help="gateway + N emulated workers + embedded store")
-    demo.add_argument("--port", type=int, default=8000)
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--worker-port", type=int, default=8101, help="port of the first worker")
-    demo.add_argument("--speedup", type=float, default=1.0)
-    demo.add_argument("--policy", default="least_load")
+    demo = sub.add_parser(
+        "demo", help="gateway + N emulated workers + embedded store", formatter_class=_Help
+    )
+    demo.add_argument("--port", type=int, default=8000, help="the gateway's port")
+    demo.add_argument("--workers", type=int, default=4, help="emulated workers to start")
+    demo.add_argument(
+        "--worker-port", type=int, default=8101, help="port of the first worker (then +1 each)"
+    )
+    demo.add_argument(
+        "--speedup", type=float, default=1.0, help="run the workers' clock this much faster"
+    )
+    demo.add_argument("--policy", default="least_load", help="the routing policy (see README)")
     demo.add_argument("--config", help="YAML settings file for the gateway")
-    demo.add_argument("--log-level", default="WARNING")
-    demo.add_argument("--plain-logs", action="store_true")
+    demo.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
+    demo.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
     demo.set_defaults(func=cmd_demo)
 
     fit = sub.add_parser(
-        "fit-profiles", help="refit the workers' per-task distributions from the quality data"
+        "fit-profiles",
+        help="refit the workers' per-task distributions from the quality data",
+        formatter_class=_Help,
     )
-    fit.add_argument("--data-dir")
-    fit.add_argument("--out")
+    fit.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    fit.add_argument("--out", help="where to write (default: the workers' packaged profiles)")
     fit.set_defaults(func=cmd_fit_profiles)
 
-    tr = sub.add_parser("train", help="train a learned policy")
+    tr = sub.add_parser("train", help="train a learned policy", formatter_class=_Help)
     which = tr.add_subparsers(dest="what", required=True)
-    q = which.add_parser("qos", help="the QoS-aware deep-RL router, on the edge simulator")
-    q.add_argument("--variant", choices=["full", "dsa", "baseline"], default="full")
-    q.add_argument("--steps", type=int, default=20_000)
-    q.add_argument("--warmup", type=int, default=1_000)
-    q.add_argument("--eval-every", type=int, default=2_000)
-    q.add_argument("--experts", type=int, default=6)
+    q = which.add_parser(
+        "qos", help="the QoS-aware deep-RL router, on the edge simulator", formatter_class=_Help
+    )
+    q.add_argument(
+        "--variant",
+        choices=["full", "dsa", "baseline"],
+        default="full",
+        help="the paper's agent, its DSA ablation, or the baseline RL",
+    )
+    q.add_argument("--steps", type=int, default=20_000, help="environment steps")
+    q.add_argument("--warmup", type=int, default=1_000, help="random steps before learning")
+    q.add_argument("--eval-every", type=int, default=2_000, help="steps between evaluations")
+    q.add_argument("--experts", type=int, default=6, help="N, the expert servers")
     q.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second")
     q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--zero-predictions", action="store_true")
+    q.add_argument("--seed", type=int, default=0, help="the training seed")
+    q.add_argument(
+        "--zero-predictions", action="store_true", help="train without the QoS predictions"
+    )
     q.add_argument("--update-every", type=int, default=4, help="env steps per SAC update")
-    q.add_argument("--lr", type=float, default=1e-4)
-    q.add_argument("--data-dir")
-    q.add_argument("--out", default="models/qos")
+    q.add_argument("--lr", type=float, default=1e-4, help="learning rate")
+    q.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    q.add_argument("--out", default="models/qos", help="where the model and its record go")
     q.set_defaults(func=cmd_train_qos)
 
-    pr = which.add_parser("predictors", help="the QoS router's score and length predictors")
-    pr.add_argument("--epochs", type=int, default=6)
-    pr.add_argument("--seed", type=int, default=0)
+    pr = which.add_parser(
+        "predictors", help="the QoS router's score and length predictors", formatter_class=_Help
+    )
+    pr.add_argument("--epochs", type=int, default=6, help="passes over the training split")
+    pr.add_argument("--seed", type=int, default=0, help="the training seed")
     pr.add_argument(
         "--compare",
         action="store_true",
         help="also train on frozen MiniLM embeddings (needs sentence-transformers)",
     )
-    pr.add_argument("--data-dir")
-    pr.add_argument("--out", default="models/qos")
+    pr.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    pr.add_argument("--out", default="models/qos", help="where the predictors go")
     pr.set_defaults(func=cmd_train_predictors)
 
     from edgeroute.bench.cli import add_parser as add_bench
@@ -327,6 +395,40 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.func(args)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        message = _one_line(exc)
+        if message is None:
+            raise  # a bug: the traceback is what helps
+        print(f"edgeroute {args.command}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _one_line(exc: Exception) -> str | None:
+    """A user's mistake (a bad file, URL, setting or port) as one line; None for a bug."""
+    from pydantic import ValidationError
+
+    from policies import PluginError
+
+    if isinstance(exc, ValidationError):
+        wrong = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            wrong.append(f"{where}: {e['msg']}" if where else e["msg"])
+        return "invalid settings: " + "; ".join(wrong)
+    if isinstance(exc, FileNotFoundError):
+        hint = ""
+        data = str(default_data_dir())
+        if exc.filename is not None and str(exc.filename).startswith(data):
+            hint = (
+                " (this needs the shared data folder: ../shared/data beside the checkout, "
+                "or --data-dir / $EDGEROUTE_DATA_DIR; see the README's Data)"
+            )
+        return f"{exc.strerror}: {exc.filename}{hint}"
+    if isinstance(exc, yaml.YAMLError):
+        return f"the YAML does not parse: {' '.join(str(exc).split())}"
+    if isinstance(exc, OSError | PluginError | ValueError):
+        return str(exc)
+    return None
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.auth import require_admin
+from gateway.auth import require_admin, require_client_key
 from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
 from gateway.hooks import Hook, QoSAccounting, make_hook
@@ -403,6 +403,7 @@ class GatewayApp(FastAPI):
                 except GatewayError as exc:
                     await exc.response()(scope, receive, send)
                     return
+                _bodies_are_json(scope)
         await super().__call__(scope, receive, send)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
@@ -422,6 +423,23 @@ class GatewayApp(FastAPI):
 
 
 _PROXY_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
+# What `curl -d` sends when not told otherwise.
+_FORM = b"application/x-www-form-urlencoded"
+
+
+def _bodies_are_json(scope: Scope) -> None:
+    """The admin API takes JSON only, so a body sent without a content type, or with
+    curl's default form type, is read as the JSON it must be; anything else that is
+    not JSON is refused with a message naming the content type."""
+    headers = scope["headers"]
+    kind = next((v for k, v in headers if k == b"content-type"), None)
+    if kind is None or kind.split(b";")[0].strip().lower() == _FORM:
+        others = [(k, v) for k, v in headers if k != b"content-type"]
+        scope["headers"] = [*others, (b"content-type", b"application/json")]
+
+
+# Validation errors of a body that is not JSON, or not an object.
+_NOT_A_JSON_OBJECT = frozenset(("json_invalid", "dict_type", "model_attributes_type", "missing"))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -451,6 +469,10 @@ def create_app(settings: Settings) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            loc = []  # FastAPI puts the offset where the field would be
+        if not loc and first.get("type") in _NOT_A_JSON_OBJECT:
+            msg = f"{msg}: the body must be a JSON object, sent as application/json"
         return GatewayError(
             400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=".".join(loc) or None
         ).response()
@@ -468,14 +490,27 @@ def create_app(settings: Settings) -> FastAPI:
     async def completions(request: Request) -> Response:
         raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
 
+    def model_card(model: str) -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": 0, "owned_by": "edgeroute"}
+
     @app.get("/v1/models", tags=["openai"])
-    async def models() -> Response:
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "edgeroute"}
-            for m in sorted(gw.pool.models(healthy_only=True))
-        ]
+    async def models(request: Request) -> Response:
+        require_client_key(request.headers.get("authorization"), settings.api_keys)
+        data = [model_card(m) for m in sorted(gw.pool.models(healthy_only=True))]
         return _json({"object": "list", "data": data})
 
+    @app.get("/v1/models/{model:path}", tags=["openai"])
+    async def model(model: str, request: Request) -> Response:
+        require_client_key(request.headers.get("authorization"), settings.api_keys)
+        if model not in gw.pool.models(healthy_only=True):
+            raise GatewayError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+        return _json(model_card(model))
+
+    # /health is vLLM's name (load generators probe it before a run); /healthz the
+    # Kubernetes habit. Both say the process is up, not that a backend is.
+    @app.get("/health", tags=["ops"])
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> Response:
         return _json({"status": "ok"})

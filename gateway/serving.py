@@ -86,6 +86,22 @@ def run(coro: Any, loop: str = "uvloop") -> None:
         asyncio.run(coro)
 
 
+class PortInUse(OSError):
+    """A port that something else is listening on."""
+
+
+def check_ports(host: str, ports: Sequence[int]) -> None:
+    """Raise PortInUse naming the first of `ports` on `host` that cannot be bound, before
+    anything starts (a server that fails to bind later takes the others down with it)."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+
 def gateway_listener(app: Any, settings: Any, sock: socket.socket | None = None) -> Listener:
     """A listener for the gateway `app`, with the settings' limits on clients."""
     limits = ClientLimits(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.serving import Listener, gateway_listener, make_server
@@ -32,6 +33,16 @@ from workers.server import WorkerConfig
 
 T = TypeVar("T")
 DATA_DIR = Path(os.environ.get("EDGEROUTE_DATA_DIR", Path(__file__).parents[2] / "shared" / "data"))
+
+
+def needs_data(what: str, path: Path = DATA_DIR) -> pytest.MarkDecorator:
+    """Skip where `path` (in the shared data folder) is missing, saying what and where;
+    never on CI, which has the data (a missing folder there is a failure)."""
+    return pytest.mark.skipif(
+        not path.exists() and not os.environ.get("CI"),
+        reason=f"needs {what}: {path} is missing (the shared data folder is "
+        "../shared/data beside the checkout, or $EDGEROUTE_DATA_DIR; see the README's Data)",
+    )
 
 
 def free_port() -> int:

@@ -27,6 +27,7 @@ from gateway.relay import ClientWatch
 from oracle.topology import Topology
 from policies.odmoe import OdMoEConfig
 from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
+from workers.choices import Asked, Choice, Invalid, logprobs, plan, read_asked, tool_calls
 from workers.engine import Engine, EngineError, Sequence
 from workers.kvtransfer import SharedLink
 from workers.metrics import WorkerMetrics
@@ -34,7 +35,6 @@ from workers.moe_host import MoEConfig, MoEHost
 from workers.odmoe_host import OdMoEHost
 from workers.profiles import PROFILES, EngineProfile
 from workers.quality import GroundTruth, Outcome
-from workers.textgen import generate, truncate_at_stop
 
 log = logging.getLogger("edgeroute.worker")
 
@@ -258,8 +258,10 @@ class Worker:
             raise _Invalid("'messages' must be a list", "messages")
         if not chat and not isinstance(body.get("prompt"), str | list):
             raise _Invalid("'prompt' must be a string or a list", "prompt")
-        if _int_field(body, "n", 1) not in (None, 1):
-            raise _Invalid("only n=1 is supported", "n")
+        try:
+            asked = read_asked(body, chat)
+        except Invalid as exc:
+            raise _Invalid(str(exc), exc.param) from exc
         max_tokens = _int_field(body, "max_completion_tokens", 1) or _int_field(
             body, "max_tokens", 1
         )
@@ -287,11 +289,8 @@ class Worker:
         seed = seed_field if seed_field is not None else stable_hash(text + str(model))
         task = request.headers.get("x-edgeroute-task") or self.config.default_task
         outcome = self._outcome(body, task, seed)
-        want = outcome.tokens if max_tokens is None else min(max_tokens, outcome.tokens)
-        want = min(want, limit - prompt_tokens)
-        pieces = generate(seed, want)
-        emit, stopped = truncate_at_stop(pieces, stop)
-        finish = "stop" if stopped or want == outcome.tokens else "length"
+        room = limit - prompt_tokens
+        choices = plan(asked, seed, outcome.tokens, min(max_tokens or room, room), stop)
 
         kv_params = body.get("kv_transfer_params") or {}
         if not isinstance(kv_params, dict):
@@ -299,18 +298,23 @@ class Worker:
         remote_decode = bool(kv_params.get("do_remote_decode"))
         remote_prefill = bool(kv_params.get("do_remote_prefill"))
         if remote_decode:
-            pieces, emit, finish = pieces[:1], min(emit, 1), "length"
+            for c in choices:
+                c.pieces, c.finish = c.pieces[:1], "length"
 
         # vLLM names the response after the caller's X-Request-Id when there is one.
         given = request.headers.get("x-request-id")
         rid = ("chatcmpl-" if chat else "cmpl-") + (given or uuid.uuid4().hex)
-        seq = Sequence(
-            id=f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid,
-            prompt_tokens=prompt_tokens,
-            target_tokens=max(emit, 1) if remote_decode else emit,
-            prefix_hashes=block_hashes(text, self.profile.block_size),
-            task=request.headers.get("x-edgeroute-task") or "",
-        )
+        hashes = block_hashes(text, self.profile.block_size)
+        seqs = [
+            Sequence(
+                id=f"{rid}-{uuid.uuid4().hex[:8]}" if given or c.index else rid,
+                prompt_tokens=prompt_tokens,
+                target_tokens=max(len(c.pieces), 1) if remote_decode else len(c.pieces),
+                prefix_hashes=hashes,
+                task=request.headers.get("x-edgeroute-task") or "",
+            )
+            for c in choices
+        ]
         headers = {
             "x-emulated-score": f"{outcome.score:g}",
             "x-emulated-task": outcome.task,
@@ -318,8 +322,9 @@ class Worker:
             "x-emulated-backend": self.config.id,
         }
         if remote_prefill:
-            await self._receive_kv(kv_params, seq)
-            seq.remote_cached_tokens = prompt_tokens
+            await self._receive_kv(kv_params, seqs[0])
+            for seq in seqs:
+                seq.remote_cached_tokens = prompt_tokens
         out_params = None
         if remote_decode:
             out_params = {
@@ -331,35 +336,26 @@ class Worker:
                 "remote_port": self.config.port,
                 "tp_size": 1,
             }
-        if emit == 0 and not remote_decode:
-            return self._respond(
-                rid,
-                model,
-                chat,
-                stream,
-                usage_in_stream,
-                pieces[:0],
-                finish,
-                prompt_tokens,
-                headers,
-                out_params,
-            )
+        answer = _Answer(rid, str(model), chat, asked, choices, prompt_tokens)
+        running = [seq for seq in seqs if seq.target_tokens > 0]
         try:
-            self.engine.submit(seq)
+            for seq in running:
+                self.engine.submit(seq)
         except EngineError as exc:
+            for seq in running:
+                self.engine.cancel(seq)
             raise _Invalid(str(exc), "max_tokens") from exc
         if stream:
             return StreamingResponse(
-                self._stream(
-                    seq, rid, str(model), chat, pieces, finish, usage_in_stream, prompt_tokens
-                ),
+                self._stream(answer, seqs, usage_in_stream),
                 media_type="text/event-stream",
                 headers=headers,
             )
 
         async def until_done() -> None:
-            while (await seq.tokens.get()) is not None:
-                pass
+            for seq in running:
+                while (await seq.tokens.get()) is not None:
+                    pass
 
         watch = ClientWatch()
         watch.start(request.scope, request.receive)
@@ -368,115 +364,45 @@ class Worker:
         except asyncio.CancelledError:
             if not watch.client_left():
                 raise
-            self.engine.cancel(seq)
+            for seq in running:
+                self.engine.cancel(seq)
             return Response(status_code=499)
         finally:
             watch.finish()
-        if seq.error:
-            return _error(500, seq.error)
-        return self._respond(
-            rid,
-            model,
-            chat,
-            False,
-            False,
-            pieces[: seq.generated],
-            finish,
-            prompt_tokens,
-            headers,
-            out_params,
-        )
-
-    def _respond(
-        self,
-        rid: str,
-        model: Any,
-        chat: bool,
-        stream: bool,
-        usage_in_stream: bool,
-        pieces: list[str],
-        finish: str,
-        prompt_tokens: int,
-        headers: dict[str, str],
-        kv_params: dict[str, Any] | None,
-    ) -> Response:
-        text = "".join(pieces)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(pieces),
-            "total_tokens": prompt_tokens + len(pieces),
-        }
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        body = {
-            "id": rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-            "kv_transfer_params": kv_params,
-        }
-        return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+        failed = next((seq.error for seq in seqs if seq.error), None)
+        if failed:
+            return _error(500, failed)
+        body_out = answer.whole([seq.generated for seq in seqs], out_params)
+        return Response(orjson.dumps(body_out), media_type="application/json", headers=headers)
 
     async def _stream(
-        self,
-        seq: Sequence,
-        rid: str,
-        model: str,
-        chat: bool,
-        pieces: list[str],
-        finish: str,
-        include_usage: bool,
-        prompt_tokens: int,
+        self, answer: _Answer, seqs: list[Sequence], include_usage: bool
     ) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        head = orjson.dumps({"id": rid, "object": kind, "created": created, "model": model})[:-1]
-
-        def chunk(delta: str, reason: str | None) -> bytes:
-            if chat:
-                choice = {
-                    "index": 0,
-                    "delta": {"content": delta},
-                    "logprobs": None,
-                    "finish_reason": reason,
-                }
-            else:
-                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
-            return b"data: " + head + b',"choices":[' + orjson.dumps(choice) + b"]}\n\n"
-
+        # The choices advance in one batch, so taking their tokens in turn interleaves
+        # them as vLLM's stream does; a choice that is ahead waits in its queue.
         try:
-            n = len(pieces)
-            first = True
+            live = [(c, seq) for c, seq in zip(answer.choices, seqs, strict=True)]
             abort_after = (
                 self.config.fault.after_tokens if self.config.fault.mode == "abort" else -1
             )
-            while (index := await seq.tokens.get()) is not None:
-                if index - 1 == abort_after:
-                    raise ConnectionAbortedError("injected mid-stream abort")
-                if first and chat:
-                    # vLLM sends the role with the first token, not before it.
-                    role = {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    yield b"data: " + head + b',"choices":[' + orjson.dumps(role) + b"]}\n\n"
-                first = False
-                yield chunk(pieces[index - 1], finish if index == n else None)
-            if seq.error:
+            sent = 0
+            while live:
+                for c, seq in list(live):
+                    index = await seq.tokens.get() if seq.target_tokens > 0 else None
+                    if index is None:
+                        live.remove((c, seq))
+                        if not c.pieces:
+                            yield answer.event(c, 0, 0)
+                        continue
+                    if sent == abort_after:
+                        raise ConnectionAbortedError("injected mid-stream abort")
+                    sent += 1
+                    yield answer.event(c, index - 1, index)
+            failed = next((seq.error for seq in seqs if seq.error), None)
+            if failed:
                 err = {
                     "error": {
-                        "message": seq.error,
+                        "message": failed,
                         "type": "InternalServerError",
                         "param": None,
                         "code": 500,
@@ -484,21 +410,13 @@ class Worker:
                 }
                 yield b"data: " + orjson.dumps(err) + b"\n\n"
                 return
-            if n == 0:
-                yield chunk("", finish)
             if include_usage:
-                usage = {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": seq.generated,
-                    "total_tokens": prompt_tokens + seq.generated,
-                }
-                yield (
-                    b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n"
-                )
+                yield answer.usage_event(sum(seq.generated for seq in seqs))
             yield b"data: [DONE]\n\n"
         finally:
-            if not seq.finished:
-                self.engine.cancel(seq)
+            for seq in seqs:
+                if not seq.finished:
+                    self.engine.cancel(seq)
 
     # -- the app ---------------------------------------------------------------
 
@@ -635,3 +553,130 @@ class Worker:
             )
 
         return app
+
+
+class _Answer:
+    """One request's answer in OpenAI's shapes: whole, or as stream events."""
+
+    def __init__(
+        self,
+        rid: str,
+        model: str,
+        chat: bool,
+        asked: Asked,
+        choices: list[Choice],
+        prompt_tokens: int,
+    ) -> None:
+        self.rid = rid
+        self.model = model
+        self.chat = chat
+        self.asked = asked
+        self.choices = choices
+        self.prompt_tokens = prompt_tokens
+        self.created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        self._head = orjson.dumps(
+            {"id": rid, "object": kind, "created": self.created, "model": model}
+        )[:-1]
+
+    def _usage(self, completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def _logprobs(self, c: Choice, start: int, end: int) -> dict[str, Any] | None:
+        k = self.asked.logprobs
+        return None if k is None else logprobs(c, start, end, k, self.chat)
+
+    def whole(self, generated: list[int], kv_params: dict[str, Any] | None) -> dict[str, Any]:
+        out = []
+        for c, n in zip(self.choices, generated, strict=True):
+            text = "".join(c.pieces[:n])
+            finish = c.finish if n >= len(c.pieces) else "length"
+            if not self.chat:
+                out.append(
+                    {
+                        "index": c.index,
+                        "text": text,
+                        "logprobs": self._logprobs(c, 0, n),
+                        "finish_reason": finish,
+                    }
+                )
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if c.tool_call_id is not None:
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": tool_calls(self.asked, c, text),
+                }
+            out.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": self._logprobs(c, 0, n),
+                    "finish_reason": finish,
+                }
+            )
+        return {
+            "id": self.rid,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": out,
+            "usage": self._usage(sum(generated)),
+            "kv_transfer_params": kv_params,
+        }
+
+    def event(self, c: Choice, start: int, end: int) -> bytes:
+        """The event carrying tokens `start` to `end` of `c` (none: its end). vLLM sends
+        a chat choice's role with its first token, and a tool call's name and id first."""
+        delta_text = "".join(c.pieces[start:end])
+        last = end >= len(c.pieces)
+        reason = c.finish if last else None
+        if not self.chat:
+            choice = {
+                "index": c.index,
+                "text": delta_text,
+                "logprobs": self._logprobs(c, start, end),
+                "finish_reason": reason,
+            }
+            return self._event([choice])
+        events = []
+        if start == 0:
+            head: dict[str, Any] = {"role": "assistant", "content": ""}
+            if c.tool_call_id is not None:
+                call = tool_calls(self.asked, c, "")
+                head = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"index": 0, **call[0]}],
+                }
+            events.append(
+                self._event(
+                    [{"index": c.index, "delta": head, "logprobs": None, "finish_reason": None}]
+                )
+            )
+        if c.tool_call_id is not None:
+            delta: dict[str, Any] = {
+                "tool_calls": [{"index": 0, "function": {"arguments": delta_text}}]
+            }
+        else:
+            delta = {"content": delta_text}
+        choice = {
+            "index": c.index,
+            "delta": delta,
+            "logprobs": self._logprobs(c, start, end),
+            "finish_reason": reason,
+        }
+        events.append(self._event([choice]))
+        return b"".join(events)
+
+    def _event(self, choices: list[dict[str, Any]]) -> bytes:
+        return b"data: " + self._head + b',"choices":' + orjson.dumps(choices) + b"}\n\n"
+
+    def usage_event(self, completion: int) -> bytes:
+        usage = orjson.dumps(self._usage(completion))
+        return b"data: " + self._head + b',"choices":[],"usage":' + usage + b"}\n\n"

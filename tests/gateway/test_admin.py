@@ -138,3 +138,35 @@ def test_routing_changes_at_runtime(start_worker: Start, start_gateway: Start) -
     assert httpx.delete(url + f"/admin/routing/models/{MODEL}", headers=TOKEN).status_code == 204
     assert httpx.delete(url + f"/admin/routing/models/{MODEL}", headers=TOKEN).status_code == 404
     assert gw.pipeline_for(MODEL).name == "least_load"
+
+
+def test_admin_bodies_are_json_whatever_curl_says_they_are(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    w, _ = start_worker()
+    url, _ = start_gateway([w])
+    spec = b'{"policy": "round_robin"}'
+    # curl -d sends application/x-www-form-urlencoded unless told otherwise.
+    for content_type in ({"content-type": "application/x-www-form-urlencoded"}, {}):
+        r = httpx.put(
+            url + "/admin/routing/default", headers={**TOKEN, **content_type}, content=spec
+        )
+        assert r.status_code == 200, r.text
+    got = httpx.get(url + "/admin/routing", headers=TOKEN).json()
+    assert got["default"]["policy"] == "round_robin"
+    # A body that is not JSON gets a 400 that names what is expected.
+    for body in (b"policy=round_robin", b""):
+        r = httpx.put(
+            url + "/admin/routing/default",
+            headers={**TOKEN, "content-type": "application/x-www-form-urlencoded"},
+            content=body,
+        )
+        assert r.status_code == 400
+        assert "application/json" in r.json()["error"]["message"], r.text
+    # Another declared type is taken at its word, and refused the same way.
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers={**TOKEN, "content-type": "text/plain"},
+        content=spec,
+    )
+    assert r.status_code == 400 and "application/json" in r.json()["error"]["message"]

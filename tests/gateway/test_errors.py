@@ -188,3 +188,15 @@ def test_504_when_the_backend_hangs(start_worker: Start, start_gateway: Start) -
 def test_unknown_routes_and_methods_are_openai_errors(gw: str) -> None:
     assert_openai_error(httpx.get(gw + "/v1/nothing"), 404)
     assert_openai_error(httpx.get(gw + CHAT), 405)
+
+
+def test_models_need_the_client_key_and_one_model_can_be_retrieved(gw: str) -> None:
+    for path in ("/v1/models", f"/v1/models/{MODEL}"):
+        assert_openai_error(httpx.get(gw + path), 401)
+    sdk = openai.OpenAI(base_url=gw + "/v1", api_key="sk-good", max_retries=0)
+    assert [m.id for m in sdk.models.list()] == [MODEL]
+    assert sdk.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        sdk.models.retrieve("no-such-model")
+    # /health is vLLM's probe (load generators call it first); no key needed for it.
+    assert httpx.get(gw + "/health").json() == {"status": "ok"}

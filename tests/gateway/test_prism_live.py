@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 import redis
 
-from tests.support import DATA_DIR, RedisProcess, wait_until
+from tests.support import RedisProcess, needs_data, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "moe"
-pytestmark = pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the MoE routing data"
-)
+pytestmark = needs_data("the MoE routing data")
 
 
 def ask(url: str, task: str) -> str:

@@ -6,7 +6,6 @@ what each must decide; the trained model is evaluated by `edgeroute bench qos`.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,15 +18,13 @@ import torch
 from edgeroute.qos.export import export_actor
 from edgeroute.qos.model import QoSNet
 from edgeroute.qos.predictors import train_predictor
-from tests.support import DATA_DIR, hold_streams, sample, wait_until
+from tests.support import DATA_DIR, hold_streams, needs_data, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "edge"
 OUTCOMES = ("met", "missed", "failed", "shed")
-pytestmark = pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
-)
+pytestmark = needs_data("the quality data")
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from policies.prism import entropy
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 from workers.moe import (
     DEEPSEEK_V2_LITE,
     MIXTRAL,
@@ -17,9 +15,7 @@ from workers.moe import (
     task_distribution,
 )
 
-pytestmark = pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the MoE routing data"
-)
+pytestmark = needs_data("the MoE routing data")
 
 
 def test_measured_tasks_reproduce_the_real_selection_frequencies() -> None:

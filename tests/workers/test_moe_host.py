@@ -3,7 +3,6 @@ can be changed live."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,11 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import DATA_DIR
+from tests.support import needs_data
 
-pytestmark = pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the MoE routing data"
-)
+pytestmark = needs_data("the MoE routing data")
 HALF = [(layer, e) for layer in range(32) for e in range(4)]  # experts 0-3 of each layer
 EVERYTHING = [(layer, e) for layer in range(32) for e in range(8)]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import csv
 import gzip
-import os
 from collections.abc import Callable
 
 import httpx
@@ -13,7 +12,7 @@ import openai
 import pytest
 
 from policies.text import estimate_tokens
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 from workers.server import Worker
 
 MODEL = "mistral-7b-chat"
@@ -111,11 +110,20 @@ def test_models_health_load_and_errors(start_worker: Start) -> None:
     assert httpx.get(url + "/load").json() == {"server_load": 0}
     bad = httpx.post(url + "/v1/chat/completions", json={"model": "nope", "messages": []})
     assert bad.status_code == 404 and bad.json()["error"]["param"] == "model"
-    n2 = httpx.post(
+    # n above the bound: refused in vLLM's error shape (n=2 works, see below).
+    too_many = httpx.post(
         url + "/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 17},
     )
-    assert n2.status_code == 400
+    assert too_many.status_code == 400
+    assert too_many.json() == {
+        "error": {
+            "message": "'n' must be an integer from 1 to 16",
+            "type": "BadRequestError",
+            "param": "n",
+            "code": 400,
+        }
+    }
     huge = httpx.post(
         url + "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9},
@@ -157,10 +165,7 @@ def _routerbench_rows(n: int) -> list[dict[str, str]]:
         return [row for _, row in zip(range(n), csv.DictReader(fh), strict=False)]
 
 
-@pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"),  # CI has the data: never skip there
-    reason="needs the data folder (../shared/data or EDGEROUTE_DATA_DIR)",
-)
+@needs_data("the quality data")
 def test_dataset_prompts_replay_the_models_real_lengths_and_scores(start_worker: Start) -> None:
     url, _ = start_worker(profile="llama-2-70b-chat", speedup=50.0)
     c = client(url)
@@ -189,3 +194,172 @@ def test_other_prompts_draw_from_the_models_task_distribution(start_worker: Star
     assert raw.headers["x-emulated-source"] == "distribution"
     assert raw.headers["x-emulated-task"] == "mbpp"
     assert float(raw.headers["x-emulated-score"]) in (0.0, 1.0)
+
+
+def test_n_choices_whole_and_streamed(start_worker: Start) -> None:
+    url, _ = start_worker()
+    messages = [{"role": "user", "content": "Give me options."}]
+    r = client(url).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) == 3  # each choice drawn from its own seed
+    assert r.usage is not None and r.usage.completion_tokens == 18
+    one = client(url).chat.completions.create(model=MODEL, messages=messages, max_tokens=6)
+    assert one.choices[0].message.content == texts[0]  # choice 0 is the n=1 answer
+    stream = client(url).chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=6,
+        n=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    streamed = ["", "", ""]
+    finished = set()
+    for chunk in stream:
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+            if c.finish_reason is not None:
+                finished.add(c.index)
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == 18
+    assert streamed == texts and finished == {0, 1, 2}
+
+
+def test_logprobs_chat_and_completions(start_worker: Start) -> None:
+    url, _ = start_worker()
+    r = client(url).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 5
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        ranked = [a.logprob for a in t.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True) and t.top_logprobs[0].token == t.token
+        assert sum(2.718281828**a for a in ranked) <= 1.0 + 1e-9  # a distribution's share
+    plain = client(url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=5
+    )
+    assert plain.choices[0].logprobs is None
+    c = client(url).completions.create(model=MODEL, prompt="Once", max_tokens=4, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
+    assert "".join(lp.tokens) == c.choices[0].text
+    assert lp.top_logprobs is not None and all(len(d) == 2 for d in lp.top_logprobs)
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(4)]
+    # The hostile twin: alternatives without logprobs is refused, as vLLM refuses it.
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], top_logprobs=2
+        )
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "days", "unit"],
+        },
+    },
+}
+
+
+def test_a_required_tool_call_whole_and_streamed(start_worker: Start) -> None:
+    import json
+
+    import jsonschema
+
+    url, _ = start_worker()
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 200,
+    }
+    r = client(url).chat.completions.create(**ask)  # type: ignore[call-overload]
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])  # type: ignore[index]
+    # Streamed as vLLM streams it: the call's id and name first, then its arguments.
+    pieces, ids, names = [], set(), set()
+    for chunk in client(url).chat.completions.create(**ask, stream=True):  # type: ignore[call-overload]
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or ():
+                ids.add(tc.id) if tc.id else None
+                names.add(tc.function.name) if tc.function and tc.function.name else None
+                pieces.append(tc.function.arguments or "" if tc.function else "")
+    assert ids == {call.id} and names == {"get_weather"}
+    assert json.loads("".join(pieces)) == args
+    # "auto" lets the model answer in text; a named tool that is not offered is refused.
+    auto = client(url).chat.completions.create(**{**ask, "tool_choice": "auto"})  # type: ignore[call-overload]
+    assert auto.choices[0].message.tool_calls is None and auto.choices[0].message.content
+    named = {"type": "function", "function": {"name": "launch_rockets"}}
+    with pytest.raises(openai.BadRequestError, match="launch_rockets"):
+        client(url).chat.completions.create(**{**ask, "tool_choice": named})  # type: ignore[call-overload]
+
+
+def test_response_format_json_object_and_schema(start_worker: Start) -> None:
+    import json
+
+    import jsonschema
+
+    url, _ = start_worker()
+    messages = [{"role": "user", "content": "A person, as JSON."}]
+    obj = client(url).chat.completions.create(
+        model=MODEL, messages=messages, response_format={"type": "json_object"}, max_tokens=100
+    )
+    assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 2},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "address": {
+                "type": "object",
+                "properties": {"zip": {"type": "string"}, "verified": {"type": "boolean"}},
+                "required": ["zip", "verified"],
+            },
+        },
+        "required": ["name", "age", "tags", "address"],
+    }
+    for seed in range(5):
+        r = client(url).chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            seed=seed,
+            max_tokens=300,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": schema},
+            },
+        )
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+    # Cut short by max_tokens, as a model's JSON would be: finish_reason says so.
+    cut = client(url).chat.completions.create(
+        model=MODEL, messages=messages, response_format={"type": "json_object"}, max_tokens=2
+    )
+    assert cut.choices[0].finish_reason == "length"
+    bad = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "response_format": {"type": "yaml"}},
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"

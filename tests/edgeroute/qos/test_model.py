@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from edgeroute.qos.export import example, export_actor, parity
 from edgeroute.qos.model import QoSNet
 from edgeroute.qos.train import TrainConfig, train
 from policies.qos_state import INPUTS
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 
 
 def logits(net: QoSNet, obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -59,9 +58,7 @@ def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str)
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
 
 
-@pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
-)
+@needs_data("the quality data")
 def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path) -> None:
     result = train(
         TrainConfig(steps=240, warmup=60, eval_every=120, eval_seeds=(7,), threads=1),

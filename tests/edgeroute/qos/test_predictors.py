@@ -1,14 +1,12 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from edgeroute.qos.predictors import train_predictor
 from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 
 
 def test_hashed_ids_are_stable_bounded_and_padded() -> None:
@@ -18,9 +16,7 @@ def test_hashed_ids_are_stable_bounded_and_padded() -> None:
     assert a[a > 0].max() < VOCAB and (a[:13] > 0).all() and (a[13:] == 0).all()
 
 
-@pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the quality data"
-)
+@needs_data("the quality data")
 def test_the_predictor_beats_the_majority_bucket_and_exports(tmp_path: Path) -> None:
     r = train_predictor(DATA_DIR, "bow", epochs=3, out=tmp_path)
     assert r["length_top1"] > r["majority_length_top1"] + 0.03

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
-
-import pytest
 
 from edgeroute.sim.cluster import SimConfig, capacity, simulate
 from edgeroute.sim.fattree import FatTree, FatTreeConfig
 from edgeroute.sim.workload import PROFILES, TraceRequest, read_mooncake, select
 from policies import PipelineSpec
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 
 TRACE = DATA_DIR / "mooncake" / "conversation_trace.jsonl.gz"
-needs_trace = pytest.mark.skipif(
-    not TRACE.exists() and not os.environ.get("CI"),  # CI has the data: never skip there
-    reason="needs the Mooncake trace in the data folder",
-)
+needs_trace = needs_data("the Mooncake trace", TRACE)
 
 
 def rag() -> list[TraceRequest]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +9,10 @@ import pytest
 
 from edgeroute.sim.moe import simulate
 from policies.prism import Server, prism, uniform
-from tests.support import DATA_DIR
+from tests.support import DATA_DIR, needs_data
 from workers.moe import DEEPSEEK_V2_LITE, CostModel, task_distribution
 
-pytestmark = pytest.mark.skipif(
-    not DATA_DIR.exists() and not os.environ.get("CI"), reason="needs the MoE routing data"
-)
+pytestmark = needs_data("the MoE routing data")
 SHAPE, SIZE, MEM = DEEPSEEK_V2_LITE, 0.0173, 8.0
 COST = CostModel(local_expert_s=0.0005, hidden_bytes=4096)
 
