@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from edgeroute.bench.cli import DefaultsHelp
+from edgeroute.bench.cli import add_parser as add_bench
 from gateway.logs import configure
 from gateway.serving import (
     Listener,
@@ -235,16 +237,12 @@ def _version() -> str:
         return "unknown"
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's default in its help line."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__, formatter_class=_Help)
+    p = argparse.ArgumentParser(prog="edgeroute", description=__doc__, formatter_class=DefaultsHelp)
     p.add_argument("--version", action="version", version=f"edgeroute {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway", formatter_class=_Help)
+    serve = sub.add_parser("serve", help="run the gateway", formatter_class=DefaultsHelp)
     serve.add_argument("--config", help="YAML settings file (default: $EDGEROUTE_CONFIG)")
     serve.add_argument("--host", help="address to listen on (default: the config's, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default: the config's, 8000)")
@@ -253,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run emulated vLLM workers", formatter_class=_Help)
+    worker = sub.add_parser(
+        "worker", help="run emulated vLLM workers", formatter_class=DefaultsHelp
+    )
     worker.add_argument(
         "--profile",
         default="mistral-7b-chat",
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     demo = sub.add_parser(
-        "demo", help="gateway + N emulated workers + embedded store", formatter_class=_Help
+        "demo", help="gateway + N emulated workers + embedded store", formatter_class=DefaultsHelp
     )
     demo.add_argument("--port", type=int, default=8000, help="the gateway's port")
     demo.add_argument("--workers", type=int, default=4, help="emulated workers to start")
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser(
         "fit-profiles",
         help="refit the workers' per-task distributions from the quality data",
-        formatter_class=_Help,
+        formatter_class=DefaultsHelp,
     )
     fit.add_argument(
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
@@ -338,10 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", help="where to write (default: the workers' packaged profiles)")
     fit.set_defaults(func=cmd_fit_profiles)
 
-    tr = sub.add_parser("train", help="train a learned policy", formatter_class=_Help)
+    tr = sub.add_parser("train", help="train a learned policy", formatter_class=DefaultsHelp)
     which = tr.add_subparsers(dest="what", required=True)
     q = which.add_parser(
-        "qos", help="the QoS-aware deep-RL router, on the edge simulator", formatter_class=_Help
+        "qos",
+        help="the QoS-aware deep-RL router, on the edge simulator",
+        formatter_class=DefaultsHelp,
     )
     q.add_argument(
         "--variant",
@@ -368,7 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_train_qos)
 
     pr = which.add_parser(
-        "predictors", help="the QoS router's score and length predictors", formatter_class=_Help
+        "predictors",
+        help="the QoS router's score and length predictors",
+        formatter_class=DefaultsHelp,
     )
     pr.add_argument("--epochs", type=int, default=6, help="passes over the training split")
     pr.add_argument("--seed", type=int, default=0, help="the training seed")
@@ -382,8 +386,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--out", default="models/qos", help="where the predictors go")
     pr.set_defaults(func=cmd_train_predictors)
-
-    from edgeroute.bench.cli import add_parser as add_bench
 
     add_bench(sub)
     return p
@@ -399,7 +401,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         message = _one_line(exc)
         if message is None:
             raise  # a bug: the traceback is what helps
-        print(f"edgeroute {args.command}: error: {message}", file=sys.stderr)
+        words = (args.command, getattr(args, "benchmark", None), getattr(args, "what", None))
+        command = " ".join(w for w in words if w)
+        print(f"edgeroute {command}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -413,7 +417,8 @@ def _one_line(exc: Exception) -> str | None:
         wrong = []
         for e in exc.errors():
             where = ".".join(str(p) for p in e["loc"])
-            wrong.append(f"{where}: {e['msg']}" if where else e["msg"])
+            msg = e["msg"].removeprefix("Value error, ")
+            wrong.append(f"{where}: {msg}" if where else msg)
         return "invalid settings: " + "; ".join(wrong)
     if isinstance(exc, FileNotFoundError):
         hint = ""
@@ -421,7 +426,7 @@ def _one_line(exc: Exception) -> str | None:
         if exc.filename is not None and str(exc.filename).startswith(data):
             hint = (
                 " (this needs the shared data folder: ../shared/data beside the checkout, "
-                "or --data-dir / $EDGEROUTE_DATA_DIR; see the README's Data)"
+                "or set $EDGEROUTE_DATA_DIR, or --data-dir where offered; see the README's Data)"
             )
         return f"{exc.strerror}: {exc.filename}{hint}"
     if isinstance(exc, yaml.YAMLError):

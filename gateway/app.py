@@ -235,13 +235,16 @@ def _json(data: Any, status: int = 200) -> Response:
 
 def _backend_state(b: Backend) -> dict[str, Any]:
     now = time.monotonic()
+    healthy = b.circuit.available(now)
     return {
         "id": b.id,
         "url": b.config.url,
         "role": b.config.role,
         "models": sorted(b.serves()),
+        # Draining is an operator's choice, not a fault: a drained backend stays healthy.
+        "healthy": healthy,
         "draining": b.draining,
-        "healthy": not b.draining and b.circuit.available(now),
+        "accepting": healthy and not b.draining,
         "circuit": b.circuit.state.name.lower(),
         "inflight": b.inflight,
         "remote_inflight": b.remote_inflight,

@@ -1,7 +1,7 @@
 """Background work that keeps the in-process snapshot fresh.
 
-- scrape: each backend's `/metrics` (vLLM's current and older names) and, when
-  its models are not configured, `/v1/models`;
+- scrape: each backend's `/metrics` (vLLM's current and older names, SGLang's and
+  llama.cpp's) and, when its models are not configured, `/v1/models`;
 - health: `/health` probes, which can open a circuit but never close one (a real
   request does: see `gateway.circuit`); and stalls: a backend that holds requests
   but has sent no byte and generated no token for `timeouts.stall` seconds has
@@ -33,10 +33,21 @@ from oracle.state import OracleState
 
 log = logging.getLogger("edgeroute.monitor")
 
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-GENERATED = ("vllm:generation_tokens_total",)
+# Each engine's names for the same gauges: vLLM's (current, then older), SGLang's,
+# llama.cpp's (llama-server --metrics). The first one a backend exports is read.
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+KV_USAGE = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio",
+)
+GENERATED = (
+    "vllm:generation_tokens_total",
+    "sglang:generation_tokens_total",
+    "llamacpp:tokens_predicted_total",
+)
 WANTED = frozenset(RUNNING + WAITING + KV_USAGE + GENERATED)
 CACHE_INFO = "vllm:cache_config_info"
 

@@ -6,19 +6,36 @@ import argparse
 from pathlib import Path
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help line, unless the help already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench = sub.add_parser("bench", help="run a benchmark; prints a table, writes results")
-    which = bench.add_subparsers(dest="benchmark", required=True)
+    subs = bench.add_subparsers(dest="benchmark", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        """A benchmark's parser; its --help shows every option's default."""
+        formatter = argparse.ArgumentDefaultsHelpFormatter
+        parser: argparse.ArgumentParser = subs.add_parser(
+            name, help=help, formatter_class=formatter
+        )
+        return parser
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--quick", action="store_true", help="a small run (< 2 min)")
-        p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--seed", type=int, default=1, help="the first seed of the run")
         p.add_argument("--json", help="also write the results as JSON here")
 
-    p = which.add_parser("policies", help="decision time per policy for 8/64/512 backends")
+    p = command("policies", help="decision time per policy for 8/64/512 backends")
     common(p)
     p.set_defaults(func=lambda a: _policies(a))
-    o = which.add_parser("overhead", help="what the gateway adds in front of a fast backend")
+    o = command("overhead", help="what the gateway adds in front of a fast backend")
     common(o)
     o.add_argument(
         "--policies",
@@ -26,28 +43,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
     )
     o.set_defaults(func=lambda a: _overhead(a))
-    ab = which.add_parser(
+    ab = command(
         "overhead-ab", help="the gateway's overhead from two checkouts, alternated in pairs"
     )
     ab.add_argument("--before", required=True, type=Path, help="the older checkout")
     ab.add_argument("--after", default=Path("."), type=Path, help="the newer checkout")
-    ab.add_argument("--pairs", type=int, default=10)
+    ab.add_argument("--pairs", type=int, default=10, help="before/after pairs to measure")
     ab.add_argument("--seconds", type=float, default=5.0, help="per measurement phase")
     ab.add_argument("--name", default="overhead_ab", help="the results files' name")
     ab.add_argument("--json", help="also write the results as JSON here")
     ab.set_defaults(func=lambda a: _overhead_ab(a))
-    n = which.add_parser("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
+    n = command("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
     common(n)
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
-    n.add_argument("--profile", default="rag", choices=["chatbot", "rag", "long"])
+    n.add_argument(
+        "--profile",
+        default="rag",
+        choices=["chatbot", "rag", "long"],
+        help="the workload's request shape",
+    )
     n.set_defaults(func=lambda a: _netkv(a))
-    pz = which.add_parser("prism", help="Prism against the MoE placement baselines")
+    pz = command("prism", help="Prism against the MoE placement baselines")
     common(pz)
     pz.set_defaults(func=lambda a: _prism(a))
-    od = which.add_parser("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
+    od = command("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
     common(od)
     od.set_defaults(func=lambda a: _odmoe(a))
-    q = which.add_parser("qos", help="the QoS router against BR, RR and SQF, with sweeps")
+    q = command("qos", help="the QoS router against BR, RR and SQF, with sweeps")
     common(q)
     q.add_argument(
         "--model",
@@ -63,37 +85,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="also compare through the real gateway with 6 emulated workers",
     )
     q.set_defaults(func=lambda a: _qos(a))
-    g = which.add_parser(
-        "growth", help="decision time and memory against backends, in-flight and replicas"
-    )
+    g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
     g.set_defaults(func=lambda a: _growth(a))
-    ov = which.add_parser("overload", help="goodput and sheds from 1/4 to 4x capacity")
+    ov = command("overload", help="goodput and sheds from 1/4 to 4x capacity")
     common(ov)
     ov.set_defaults(func=lambda a: _overload(a))
-    so = which.add_parser("soak", help="mixed streaming traffic for a long while (not in CI)")
+    so = command("soak", help="mixed streaming traffic for a long while (not in CI)")
     common(so)
-    so.add_argument("--minutes", type=float, default=10.0)
+    so.add_argument("--minutes", type=float, default=10.0, help="how long the traffic runs")
     so.set_defaults(func=lambda a: _soak(a))
-    pe = which.add_parser(
+    pe = command(
         "peers", help="beside nginx, vllm-router, sglang-router, LiteLLM (shared/bench-peers)"
     )
     common(pe)
     pe.add_argument("--harness", help="the bench-peers folder (default: ../shared/bench-peers)")
     pe.add_argument("--policies", default="least_load,cla", help="one gateway target each")
     pe.add_argument("--only", help="peers to run besides the gateway, e.g. nginx,vllm-router")
-    pe.add_argument("--rounds", type=int)
+    pe.add_argument("--rounds", type=int, help="measurement rounds (default: the harness's)")
     pe.set_defaults(func=lambda a: _peers(a))
-    d = which.add_parser(
-        "dashboard", help="the Grafana dashboard's panels from a real run, via Prometheus"
-    )
+    d = command("dashboard", help="the Grafana dashboard's panels from a real run, via Prometheus")
     common(d)
     d.add_argument("--seconds", type=float, default=360.0, help="length of the traffic")
     d.add_argument(
         "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )
     d.set_defaults(func=lambda a: _dashboard(a))
-    w = which.add_parser(
+    w = command(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
     )
     common(w)

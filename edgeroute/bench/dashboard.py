@@ -36,7 +36,7 @@ import yaml
 from pydantic import SecretStr
 
 from edgeroute.bench.overhead import wait_ready
-from edgeroute.results_io import RESULTS, write
+from edgeroute.results_io import output_dir, save_figure, save_text, write
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "edgeroute.json"
@@ -302,7 +302,7 @@ def render(panels: list[dict[str, Any]], phases: list[tuple[str, float]], out: P
     names = ", ".join(f"{name} from {start:.0f} s" for name, start in phases)
     fig.suptitle(f"edgeroute dashboard, evaluated by Prometheus over a recorded run ({names})")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(out, dpi=80)
+    save_figure(fig, out, dpi=80)
     plt.close(fig)
 
 
@@ -396,17 +396,10 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
     for phase in PHASES:
         marks.append((phase.name, at))
         at += phase.share * seconds
-    out = (
-        Path(tempfile.gettempdir()) / "edgeroute-dashboard.png"
-        if quick
-        else RESULTS / "dashboard.png"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    render(panels, marks, out)
-    if not quick:
-        recorded = {"phases": marks, "seconds": seconds, "panels": panels}
-        (RESULTS / "dashboard-series.json").write_text(json.dumps(recorded) + "\n")
-    print(f"wrote {out}")
+    out = output_dir(quick)
+    render(panels, marks, out / "dashboard.png")
+    recorded = {"phases": marks, "seconds": seconds, "panels": panels}
+    save_text(out / "dashboard-series.json", json.dumps(recorded) + "\n")
     columns = ["phase", "clients", *sorted({k for r in rows for k in r} - {"phase", "clients"})]
     write(
         "dashboard",

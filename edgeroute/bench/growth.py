@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from edgeroute.results_io import write
+from edgeroute.results_io import Plot, write
 from gateway.backends import BackendPool, InflightEntry
 from gateway.settings import BackendConfig, CircuitConfig
 from gateway.store import EmbeddedStore, SharedStore
@@ -192,6 +192,14 @@ def main(quick: bool, json_path: str | None) -> None:
         ["dimension", "size", "policy", "decision_us", "memory_kb"],
         json_path,
         quick=quick,
+        plot=Plot(
+            "size",
+            ("decision_us", "memory_kb"),
+            ("dimension", "policy"),
+            "Decision time and memory as backends, in-flight requests and replicas grow",
+            log_x=True,
+            log_y=True,
+        ),
         notes=(
             "`decision_us`: for backends, one decision on the pool's view (a 480-token prompt "
             "with its block hashes, computed beforehand as the proxy does); for in-flight, one dispatch, one completion and one "

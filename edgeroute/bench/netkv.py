@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edgeroute.results_io import RESULTS, table, write
+from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.cluster import Request, SimConfig, capacity, simulate
 from edgeroute.sim.fattree import FatTreeConfig
 from edgeroute.sim.workload import PROFILES, read_mooncake, select
@@ -141,7 +141,15 @@ def main(
     for load in (1.0, 2.0) if quick else (0.5, 1.0, 1.5, 2.0, 2.5):
         for name, spec in schedulers.items():
             r = runner.run(spec, load)
-            exp1.append({"experiment": "1-load", "load_pct": int(load * 100), "policy": name, **r})
+            exp1.append(
+                {
+                    "experiment": "1-load",
+                    "setting": f"load {load:.0%}",
+                    "load_pct": int(load * 100),
+                    "policy": name,
+                    **r,
+                }
+            )
             print(
                 f"  exp1 {int(load * 100):>3}% {name:<13} TTFT {r['ttft_mean_s']:.3f} s "
                 f"xfer {r['xfer_ms']:.0f} ms",
@@ -160,6 +168,7 @@ def main(
             exp3.append(
                 {
                     "experiment": "3-topology",
+                    "setting": f"{ratio:g}:1, background {bg:.0%}, load 100%",
                     "oversubscription": ratio,
                     "background": bg,
                     "policy": name,
@@ -176,7 +185,13 @@ def main(
         for name in ("CLA*", "NetKV-static", "NetKV-full"):
             r = runner.run(schedulers[name], 1.0, tree=tree4, oracle_interval=interval, bg_wave=0.8)
             exp4.append(
-                {"experiment": "4-staleness", "oracle_interval_s": interval, "policy": name, **r}
+                {
+                    "experiment": "4-staleness",
+                    "setting": f"refresh {interval:g} s, load 100%",
+                    "oracle_interval_s": interval,
+                    "policy": name,
+                    **r,
+                }
             )
         print(f"  exp4 refresh {interval:g} s done", flush=True)
 
@@ -191,7 +206,14 @@ def main(
     }
     for name, spec in ladder.items():
         r = runner.run(spec, 1.0, tree=tree6)
-        exp6.append({"experiment": "6-ablation", "policy": name, **r})
+        exp6.append(
+            {
+                "experiment": "6-ablation",
+                "setting": "load 100%, background 20%",
+                "policy": name,
+                **r,
+            }
+        )
     print("  exp6 done", flush=True)
 
     rows = exp1 + exp3 + exp4 + exp6
@@ -254,14 +276,13 @@ def main(
             "seed": seed,
         },
         rows,
-        ["experiment", *cols],
+        ["experiment", "setting", *cols],
         json_path,
         notes=notes,
         quick=quick,
     )
     print("\n" + notes.split("## Experiment 1")[0])
-    if not quick:
-        plot(exp1, exp3, exp4, exp6)
+    plot(exp1, exp3, exp4, exp6, output_dir(quick) / "netkv.png")
 
 
 def plot(
@@ -269,6 +290,7 @@ def plot(
     exp3: list[dict[str, Any]],
     exp4: list[dict[str, Any]],
     exp6: list[dict[str, Any]],
+    out: Path,
 ) -> None:
     try:
         import matplotlib
@@ -325,6 +347,4 @@ def plot(
     ax.set(title="Exp. 6: ablation ladder", ylabel="mean TTFT (s)")
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
-    out = RESULTS / "netkv.png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, out)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
-from edgeroute.results_io import RESULTS, table, write
+from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.shadow import ShadowResult, TinyMoE, measure
 from policies.odmoe import OdMoEConfig, PipelineConfig, alignment_seconds, max_load_seconds
 from workers.odmoe_host import OdMoEHost
@@ -135,8 +136,7 @@ def main(quick: bool, seed: int, json_path: str | None) -> list[dict[str, Any]]:
         table_rows=part("recall"),
     )
     print("\n" + notes)
-    if not quick:
-        _plot(runs)
+    _plot(runs, output_dir(quick) / "odmoe_recall.png")
     return rows
 
 
@@ -178,7 +178,7 @@ def _notes(
     )
 
 
-def _plot(runs: dict[tuple[str, str], ShadowResult]) -> None:
+def _plot(runs: dict[tuple[str, str], ShadowResult], out: Path) -> None:
     try:
         import matplotlib
 
@@ -195,4 +195,4 @@ def _plot(runs: dict[tuple[str, str], ShadowResult]) -> None:
     axes[0].set_ylabel("recall (eq. 2)")
     axes[-1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "odmoe_recall.png", dpi=110)
+    save_figure(fig, out)

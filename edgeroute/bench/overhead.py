@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from edgeroute.bench.loadgen import closed_loop, cpu_seconds, percentile, post
-from edgeroute.results_io import write
+from edgeroute.results_io import Plot, write
 
 MODEL = "instant"
 MODELS = "instant,llama-2-70b-chat"
@@ -298,6 +298,11 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         ],
         json_path,
         quick=quick,
+        plot=Plot(
+            "policy",
+            ("added_c1_p50_ms", "c32_rps", "cpu_us_per_req"),
+            title="What the gateway adds in front of a fast backend, per target",
+        ),
         notes="Load generator and backends pinned to CPU 0, gateway to CPU 1. `direct` "
         "talks to one worker; the gateway spreads over both. req/s at c=32 is bounded "
         "by the backend and load generator sharing CPU 0, so it is a lower bound for "

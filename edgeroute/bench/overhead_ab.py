@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgeroute.results_io import write
+from edgeroute.results_io import output_dir, save_figure, write
 
 # Run inside a checkout (its directory first on sys.path); prints one JSON line.
 _CHILD = """
@@ -132,3 +132,26 @@ def main(
         notes="Medians over pairs; each side measured by its own checkout's code, "
         "alternating. c32_rps: higher is better; the others: lower is better.",
     )
+    plot_ratios(ratios, output_dir(False) / f"{name}.png")
+
+
+def plot_ratios(ratios: dict[str, list[float]], out: Path) -> None:
+    """Each pair's after/before ratio per metric, with the median and the no-change line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, values in enumerate(ratios.values()):
+        ax.scatter([i] * len(values), values, alpha=0.6)
+        ax.hlines(statistics.median(values), i - 0.25, i + 0.25, color="black")
+    ax.axhline(1.0, color="grey", linestyle=":")
+    ax.set_xticks(range(len(ratios)), list(ratios), fontsize=8)
+    ax.set_ylabel("after / before, per pair")
+    ax.set_title("Overhead A/B: each pair's ratio (bar: median)")
+    fig.tight_layout()
+    save_figure(fig, out, dpi=100)
+    plt.close(fig)

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgeroute.bench.loadgen import closed_loop, percentile, post
 from edgeroute.bench.overhead import LOAD_CPU, emulated_pool, pin
-from edgeroute.results_io import RESULTS, write
+from edgeroute.results_io import output_dir, save_figure, write
 
 CAPACITY = 16  # the gateway's max_inflight: what the two workers run without queueing
 BODY = b'{"model":"mistral-7b-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":16}'
@@ -54,7 +54,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     b.legend(fontsize=8)
     fig.suptitle("Overload: the excess is shed at once; goodput and admitted latency")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)
 
 
@@ -100,5 +100,4 @@ def main(quick: bool, json_path: str | None) -> None:
         quick=quick,
         notes=notes + "\n\n![goodput and latency against offered load](overload.png)",
     )
-    if not quick:
-        plot(rows, RESULTS / "overload.png")
+    plot(rows, output_dir(quick) / "overload.png")

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgeroute.results_io import RESULTS
+from edgeroute.results_io import output_dir
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 TARGET = Path(__file__).resolve().parent / "peers" / "edgeroute.sh"
@@ -44,7 +44,7 @@ def main(
     run_all = where / "run_all.sh"
     if not run_all.exists():
         sys.exit(f"no harness at {where} (give --harness)")
-    out = Path(tempfile.gettempdir()) / "peers-quick.md" if quick else RESULTS / "peers.md"
+    out = output_dir(quick) / "peers.md"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["bash", str(run_all), "--out", str(out)]
         for f in target_files(policies, Path(tmp)):

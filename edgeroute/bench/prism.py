@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from edgeroute.results_io import RESULTS, table, write
+from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.moe import Result, simulate
 from policies.prism import Server, eplb, prism, redundance, smartmoe, uniform
 from workers.moe import DEEPSEEK_V2_LITE, MIXTRAL, CostModel, MoEShape, task_distribution
@@ -203,8 +203,7 @@ def data_shift(data: Path, seeds: list[int], quick: bool) -> list[dict[str, Any]
             migrations[label].append(", ".join(f"{m:.0f}" for m in r.migrations) or "none")
         if not timelines:
             timelines = runs
-    if not quick:
-        plot(timelines, duration)
+    plot(timelines, duration, output_dir(quick) / "prism_shift.png")
     return [
         {
             "policy": label,
@@ -215,7 +214,7 @@ def data_shift(data: Path, seeds: list[int], quick: bool) -> list[dict[str, Any]
     ]
 
 
-def plot(timelines: dict[str, Result], duration: float) -> None:
+def plot(timelines: dict[str, Result], duration: float, out: Path) -> None:
     try:
         import matplotlib
 
@@ -236,4 +235,4 @@ def plot(timelines: dict[str, Result], duration: float) -> None:
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "prism_shift.png", dpi=110)
+    save_figure(fig, out)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgeroute.qos.evaluate import BASELINES, Policy, evaluate
-from edgeroute.results_io import RESULTS, table, write
+from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import EdgeEnv, NoisyOracle, azure_arrivals, default_experts, load_tasks
 from policies.qos_state import INPUTS, ExpertSnapshot, QueuedRequest, encode
 
@@ -144,11 +144,10 @@ def main(
         notes="\n\n".join(notes),
         quick=quick,
     )
-    if not quick:
-        plot(rows)
+    plot(rows, output_dir(quick) / "qos.png")
 
 
-def plot(rows: list[dict[str, Any]]) -> None:
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
     try:
         import matplotlib
 
@@ -170,4 +169,4 @@ def plot(rows: list[dict[str, Any]]) -> None:
     ax.set_ylabel("average QoS")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "qos.png", dpi=110)
+    save_figure(fig, out)

@@ -21,7 +21,7 @@ import httpx
 
 from edgeroute.bench.overhead import LOAD_CPU, emulated_pool, pin
 from edgeroute.bench.overload import rss_mb
-from edgeroute.results_io import RESULTS, write
+from edgeroute.results_io import output_dir, save_figure, write
 
 
 def open_fds(pid: int) -> int:
@@ -99,7 +99,7 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
     fig.legend(loc="lower right", fontsize=8)
     fig.suptitle("Soak: gateway memory and file descriptors under mixed streaming traffic")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)
 
 
@@ -130,5 +130,4 @@ def main(quick: bool, minutes: float, json_path: str | None) -> None:
         quick=quick,
         notes=notes,
     )
-    if not quick:
-        plot(samples, RESULTS / "soak.png")
+    plot(samples, output_dir(quick) / "soak.png")

@@ -22,7 +22,7 @@ from typing import Any
 
 from edgeroute.bench.loadgen import Conn, post
 from edgeroute.bench.overhead import pin, wait_ready
-from edgeroute.results_io import write
+from edgeroute.results_io import Plot, write
 from workers.engine import Sequence, replay
 from workers.profiles import PROFILES
 
@@ -151,6 +151,12 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
         ],
         json_path,
         quick=quick,
+        plot=Plot(
+            "streams",
+            ("predicted_itl_ms", "measured_itl_ms", "timing_error_pct"),
+            title="One emulated worker: inter-token latency, predicted and measured",
+            log_x=True,
+        ),
         notes=f"Capacity: **{capacity}** concurrent streams per worker process within "
         f"{LIMIT:.0%} timing error (worker on one core, client on the other).",
     )

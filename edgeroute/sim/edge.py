@@ -16,6 +16,7 @@ expects to cross L.
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import math
 import random
@@ -94,6 +95,9 @@ FREE_FORM = ("mbpp",)
 def load_tasks(
     data_dir: Path, models: tuple[str, ...] = MODELS, kinds: tuple[str, ...] | None = FREE_FORM
 ) -> list[Task]:
+    quality = data_dir / "router_quality"
+    if not quality.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no quality data", str(quality))
     by_prompt: dict[str, dict[str, tuple[float, int, int]]] = {}
     for s in iter_samples(data_dir):
         if s.model in models and (kinds is None or s.task in kinds):

@@ -1,0 +1,131 @@
+"""The `edgeroute` command's manners: a user's mistake is one line and an exit code,
+never a traceback; every option says what it does."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeroute.cli import build_parser
+from tests.support import free_port
+
+
+def edgeroute(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgeroute.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "EDGEROUTE_ADMIN_TOKEN": "t"},
+    )
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+def test_mistakes_are_one_line(tmp_path: Path) -> None:
+    r = edgeroute("serve", "--backend", "not a url", "--port", str(free_port()))
+    assert_one_line_error(r, "edgeroute serve: error: invalid settings: url: url must be an http")
+    r = edgeroute("serve", "--config", str(tmp_path / "missing.yaml"))
+    assert_one_line_error(r, "No such file or directory", "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("backends: [\n  - url: http://x\n retries: 2\n")
+    assert_one_line_error(edgeroute("serve", "--config", str(broken)), "YAML does not parse")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("retires: 2\n")
+    assert_one_line_error(edgeroute("serve", "--config", str(typo)), "retires")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("routing: {default: {policy: no_such_policy}}\n")
+    assert_one_line_error(edgeroute("serve", "--config", str(policy)), "no_such_policy")
+
+
+def test_a_busy_port_is_named_before_anything_starts() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = edgeroute(
+            "demo", "--port", str(free_port()), "--worker-port", str(port), "--workers", "1"
+        )
+        assert_one_line_error(r, f"127.0.0.1:{port}")
+        assert "edgeroute demo:" not in r.stdout  # no banner for a demo that cannot start
+        r = edgeroute("serve", "--port", str(port))
+        assert_one_line_error(r, f"127.0.0.1:{port}")
+
+
+def test_serve_says_where_it_listens_and_warns_without_backends() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgeroute.cli", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(
+            f"edgeroute gateway on http://127.0.0.1:{port} (0 backends"
+        )
+        assert proc.stderr.readline().startswith("warning: no backends")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_version() -> None:
+    r = edgeroute("--version")
+    assert r.returncode == 0 and r.stdout.startswith("edgeroute ")
+
+
+def _options(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _options(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            out.append((f"{path} {'/'.join(action.option_strings) or action.dest}", action))
+    return out
+
+
+@pytest.mark.parametrize("where", ["edgeroute"])
+def test_every_option_has_help(where: str) -> None:
+    missing = [name for name, action in _options(build_parser(), where) if not action.help]
+    assert missing == []
+
+
+def test_a_benchmark_without_its_data_says_so_in_one_line(tmp_path: Path) -> None:
+    for bench in ("netkv", "qos", "prism"):
+        r = subprocess.run(
+            [sys.executable, "-m", "edgeroute.cli", "bench", bench, "--quick"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "EDGEROUTE_DATA_DIR": str(tmp_path / "nothing")},
+        )
+        assert_one_line_error(r, f"edgeroute bench {bench}: error:", "shared data folder")
+
+
+def test_a_quick_run_writes_beside_the_results_never_over_them() -> None:
+    from edgeroute import results_io
+
+    tracked = {p: p.stat().st_mtime_ns for p in results_io.RESULTS.iterdir()}
+    r = edgeroute("bench", "policies", "--quick", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"quick run: its files go to {results_io.QUICK}" in r.stdout
+    for name in ("policies.json", "policies.md", "policies.png"):
+        assert f"wrote {results_io.QUICK / name}" in r.stdout
+        assert (results_io.QUICK / name).stat().st_size > 0
+    assert {p: p.stat().st_mtime_ns for p in results_io.RESULTS.iterdir()} == tracked

@@ -1,0 +1,47 @@
+"""Results files: what a run wrote, and whether it changed a tracked result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgeroute import results_io
+
+
+@pytest.fixture
+def folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    monkeypatch.setattr(results_io, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(results_io, "QUICK", tmp_path / "quick")
+    return tmp_path / "results", tmp_path / "quick"
+
+
+def test_a_full_run_says_which_tracked_files_changed(
+    folders: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results, _ = folders
+    results.mkdir()
+    results_io.save_text(results / "a.md", "one")
+    assert "a.md (new)  <- a tracked result changed" in capsys.readouterr().out
+    results_io.save_text(results / "a.md", "one")
+    out = capsys.readouterr().out
+    assert "a.md (unchanged)" in out and "<-" not in out
+    results_io.save_text(results / "a.md", "two")
+    assert "a.md (changed)  <- a tracked result changed" in capsys.readouterr().out
+
+
+def test_write_names_the_folder_and_draws_the_plot(
+    folders: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results, quick = folders
+    rows = [{"n": n, "policy": p, "us": n * k} for n in (8, 64) for p, k in (("a", 1), ("b", 2))]
+    plot = results_io.Plot("n", ("us",), ("policy",), "t", log_x=True)
+    results_io.write(
+        "demo", {"command": "x"}, rows, ["n", "policy", "us"], None, quick=True, plot=plot
+    )
+    out = capsys.readouterr().out
+    assert f"quick run: its files go to {quick}" in out
+    assert sorted(p.name for p in quick.iterdir()) == ["demo.json", "demo.md", "demo.png"]
+    assert not results.exists()
+    results_io.write("demo", {"command": "x"}, rows, ["n", "policy", "us"], None, plot=plot)
+    assert sorted(p.name for p in results.iterdir()) == ["demo.json", "demo.md", "demo.png"]
