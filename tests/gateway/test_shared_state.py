@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -88,15 +87,16 @@ def test_redis_killed_and_restarted_under_traffic_loses_no_request(
     for t in threads:
         t.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: sum(statuses.values()) > 10)
         redis_server.kill()
         wait_until(lambda: "edgeroute_store_up 0.0" in httpx.get(url + "/metrics").text)
         before = sum(statuses.values())
-        time.sleep(1.0)
-        assert sum(statuses.values()) > before + 10  # still routing, on the last snapshot
+        # Still routing, on the last snapshot.
+        wait_until(lambda: sum(statuses.values()) > before + 10, timeout=30)
         redis_server.start()
         wait_until(lambda: "edgeroute_store_up 1.0" in httpx.get(url + "/metrics").text, timeout=10)
-        time.sleep(0.3)
+        back = sum(statuses.values())
+        wait_until(lambda: sum(statuses.values()) > back + 10, timeout=30)
     finally:
         stop.set()
         for t in threads:

@@ -1,7 +1,9 @@
-"""The live worker's timing against its profile's prediction, as a client sees it.
+"""The worker's timing against its profile's prediction.
 
-The prediction replays the same submissions through the scheduler without a
-clock; the live worker must match it within 10% at several loads.
+The prediction replays the same submissions through the scheduler without a clock.
+The live engine keeps its own clock, which must give the same times whatever the
+host's load; how closely the wall clock follows it is measured by `edgeroute bench
+worker-capacity`, not asserted here.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from workers.engine import Sequence, replay
+from gateway.promtext import read_samples
+from workers.engine import Engine, Sequence, replay
 from workers.profiles import PROFILES
 from workers.server import Worker
 
 PROFILE = PROFILES["mistral-7b-chat"]
-TOLERANCE = 0.10
 
 
 def predicted(concurrency: int, prompt_tokens: int, out_tokens: int) -> tuple[float, float]:
@@ -63,31 +65,85 @@ async def stream_timing(
 
 
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
-async def test_ttft_and_tpot_match_the_profile(
-    worker_process: Callable[..., Any], concurrency: int
+async def test_the_engines_clock_follows_the_profile(concurrency: int) -> None:
+    # The live engine's loop, paced (fast) by the wall clock: its own clock must give
+    # exactly the prediction's times however late the host runs it. How closely wall
+    # time follows is `bench worker-capacity`'s measurement, not a test's.
+    prompt_tokens, out_tokens = 201, 12
+    engine = Engine(PROFILE, speedup=50.0)
+    seqs = [Sequence(f"s{i}", prompt_tokens, out_tokens) for i in range(concurrency)]
+    for seq in seqs:  # all arrive together, as in the prediction
+        engine.submit(seq)
+    engine.start()
+    try:
+        for seq in seqs:
+            while (await seq.tokens.get()) is not None:
+                pass
+    finally:
+        await engine.stop()
+    want = replay(
+        PROFILE, [Sequence(f"s{i}", prompt_tokens, out_tokens) for i in range(concurrency)]
+    )
+    # Idle, the engine starts on the first arrival at once: the prediction's t=0.
+    start = min(seq.arrival for seq in seqs)
+    for seq, timeline in zip(seqs, want, strict=True):
+        assert seq.generated == out_tokens
+        assert seq.first_token_at - start == pytest.approx(timeline.first, rel=1e-9)  # type: ignore[operator]
+        assert seq.last_token_at - start == pytest.approx(timeline.last, rel=1e-9)  # type: ignore[operator]
+
+
+async def test_a_client_sees_the_profiles_ttft_and_itl_in_the_workers_metrics(
+    start_worker: Callable[..., tuple[str, Worker]],
 ) -> None:
-    # The worker runs in its own process: timing must not share a GIL with the client.
-    url = worker_process("--speedup", "1").url
-    prompt_tokens, out_tokens = 200, 12
-    # Answers are drawn per prompt; ask for fewer tokens than any mbpp answer gives.
+    # One request at a time over HTTP: the worker's own histograms (in its clock) hold
+    # exactly the prediction's TTFT and inter-token latency.
+    url, _ = start_worker(speedup=20.0)
+    prompt_tokens, out_tokens, requests = 200, 12, 3
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        # One warm-up: the first request on a fresh server and connection pays ~15 ms of
-        # one-off set-up that is not part of the engine model.
-        await stream_timing(client, -1, 20, 2)
-        results = await asyncio.gather(
-            *(stream_timing(client, i, prompt_tokens, out_tokens) for i in range(concurrency))
-        )
-    ttft = sum(r[0] for r in results) / concurrency
-    itl = sum(r[1] for r in results) / concurrency
-    want_ttft, want_itl = predicted(concurrency, prompt_tokens + 1, out_tokens)
-    assert abs(ttft - want_ttft) / want_ttft < TOLERANCE, (ttft, want_ttft)
-    assert abs(itl - want_itl) / want_itl < TOLERANCE, (itl, want_itl)
+        for i in range(requests):
+            await stream_stamps(client, i, prompt_tokens, out_tokens)
+        text = (await client.get("/metrics")).text
+    samples = read_samples(
+        text,
+        {
+            "vllm:time_to_first_token_seconds_sum",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:inter_token_latency_seconds_sum",
+            "vllm:inter_token_latency_seconds_count",
+        },
+    )
+    want_ttft, want_itl = predicted(1, prompt_tokens, out_tokens)
+    ttft = samples["vllm:time_to_first_token_seconds_sum"] / requests
+    itl = (
+        samples["vllm:inter_token_latency_seconds_sum"]
+        / samples["vllm:inter_token_latency_seconds_count"]
+    )
+    assert samples["vllm:time_to_first_token_seconds_count"] == requests
+    assert ttft == pytest.approx(want_ttft, rel=1e-6)
+    assert itl == pytest.approx(want_itl, rel=1e-6)
 
 
-async def _mean_itl_of_first_request(url: str, rate: float, speedup: float) -> float:
-    """Mean per-token latency (emulated s) of one long request while others arrive at `rate`."""
+async def _mean_itl_of_probe(url: str, worker: Worker, rate: float, speedup: float) -> float:
+    """Mean per-token latency, in the engine's clock, of one long request while others
+    arrive at `rate` (per emulated second, paced by the wall clock)."""
+    stamps: dict[str, float] = {}
+
+    def probe_times(event: str, seq: Sequence, now: float) -> None:
+        if seq.id.startswith(f"chatcmpl-probe-{rate}") and event in ("first_token", "finished"):
+            stamps[event] = now
+
+    worker.engine.observers.append(probe_times)
+    body = {
+        "model": "mistral-7b-chat",
+        "max_tokens": 80,
+        "messages": [{"role": "user", "content": "p " * 200}],
+    }
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        probe = asyncio.create_task(stream_timing(client, 999, 100, 80))
+        probe = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions", json=body, headers={"x-request-id": f"probe-{rate}"}
+            )
+        )
         others: list[asyncio.Task[Any]] = []
         if rate > 0:
             t_end = time.perf_counter() + 80 * PROFILE.base / speedup
@@ -107,18 +163,20 @@ async def _mean_itl_of_first_request(url: str, rate: float, speedup: float) -> f
                 )
                 i += 1
                 await asyncio.sleep(1 / rate / speedup)
-        _, itl = await probe
+        assert (await probe).status_code == 200
         await asyncio.gather(*others)
-    return itl * speedup
+    worker.engine.observers.remove(probe_times)
+    return (stamps["finished"] - stamps["first_token"]) / 79
 
 
 async def test_per_token_latency_rises_with_arrival_rate(
-    worker_process: Callable[..., Any],
+    start_worker: Callable[..., tuple[str, Worker]],
 ) -> None:
     speedup = 2.0
-    url = worker_process("--speedup", str(speedup)).url
-    itls = [await _mean_itl_of_first_request(url, rate, speedup) for rate in (0, 5, 15, 40)]
+    url, worker = start_worker(speedup=speedup)
+    itls = [await _mean_itl_of_probe(url, worker, rate, speedup) for rate in (0, 5, 15, 40)]
     assert all(a < b for a, b in itertools.pairwise(itls)), itls
+    # Alone, the probe's iterations cost base + k2 * its context (100 to 180 tokens).
     assert itls[0] == pytest.approx(PROFILE.base + PROFILE.k2 * 140, rel=0.1)
 
 

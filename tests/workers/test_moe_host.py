@@ -3,34 +3,33 @@ can be changed live."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import needs_data
+from tests.support import engine_seconds_per_token, needs_data
 
 pytestmark = needs_data("the MoE routing data")
 HALF = [(layer, e) for layer in range(32) for e in range(4)]  # experts 0-3 of each layer
 EVERYTHING = [(layer, e) for layer in range(32) for e in range(8)]
 
 
-def per_token(url: str, task: str) -> float:
-    t0 = time.perf_counter()
-    r = httpx.post(
-        url + "/v1/chat/completions",
-        timeout=30,
-        headers={"x-edgeroute-task": task},
-        json={
-            "model": "mixtral-8x7b-chat",
-            "max_tokens": 30,
-            "messages": [{"role": "user", "content": "Solve 2+2."}],
-        },
-    )
-    assert r.status_code == 200
-    return (time.perf_counter() - t0) / r.json()["usage"]["completion_tokens"]
+def per_token(url: str, worker: Any, task: str) -> float:
+    def send() -> httpx.Response:
+        return httpx.post(
+            url + "/v1/chat/completions",
+            timeout=30,
+            headers={"x-edgeroute-task": task},
+            json={
+                "model": "mixtral-8x7b-chat",
+                "max_tokens": 30,
+                "messages": [{"role": "user", "content": "Solve 2+2."}],
+            },
+        )
+
+    return engine_seconds_per_token(worker, send)
 
 
 def test_remote_experts_cost_time_and_a_new_placement_removes_the_cost(
@@ -39,7 +38,7 @@ def test_remote_experts_cost_time_and_a_new_placement_removes_the_cost(
     url, worker = start_worker(
         profile="mixtral-8x7b-chat", speedup=10.0, moe={"hosted": HALF}, admin_token="s3cret"
     )
-    slow = per_token(url, "gsm8k")
+    slow = per_token(url, worker, "gsm8k")
     stats = httpx.get(url + "/moe/stats").json()
     assert stats["classes"]["gsm8k"] and len(stats["classes"]["gsm8k"]) == 32
     assert 0.2 < stats["local_ratio"] < 0.8  # about half the activations are remote
@@ -52,7 +51,7 @@ def test_remote_experts_cost_time_and_a_new_placement_removes_the_cost(
     assert r.status_code == 200
     # 128 experts moved at 0.35 GB / 2 GB/s each: the emulated transfer time.
     assert r.json()["transfer_s"] == pytest.approx(128 * 0.35 / 2.0)
-    fast = per_token(url, "gsm8k")
+    fast = per_token(url, worker, "gsm8k")
     # Two remote experts a token per layer, at ~5 ms each: far slower than local.
     assert fast < slow * 0.6, (slow, fast)
     assert httpx.get(url + "/moe/stats").json()["migrations"] == 1

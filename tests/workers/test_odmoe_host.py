@@ -4,39 +4,39 @@ worker reports its speed and each node's memory."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support import engine_seconds_per_token
 from workers.server import Worker, WorkerConfig
 
 Start = Callable[..., tuple[str, Any]]
 
 
-def per_token(url: str) -> float:
-    t0 = time.perf_counter()
-    r = httpx.post(
-        url + "/v1/chat/completions",
-        timeout=60,
-        json={
-            "model": "mixtral-8x7b-chat",
-            "max_tokens": 24,
-            "messages": [{"role": "user", "content": "Write a long story."}],
-        },
-    )
-    assert r.status_code == 200, r.text
-    return (time.perf_counter() - t0) / r.json()["usage"]["completion_tokens"]
+def per_token(url: str, worker: Any) -> float:
+    def send() -> httpx.Response:
+        return httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "mixtral-8x7b-chat",
+                "max_tokens": 24,
+                "messages": [{"role": "user", "content": "Write a long story."}],
+            },
+        )
+
+    return engine_seconds_per_token(worker, send)
 
 
 def test_good_predictions_decode_near_cached_speed_and_misses_stall(start_worker: Start) -> None:
-    shadowed, _ = start_worker(profile="mixtral-8x7b-chat", speedup=50.0, odmoe={})
-    blind, _ = start_worker(
+    shadowed, shadowed_worker = start_worker(profile="mixtral-8x7b-chat", speedup=50.0, odmoe={})
+    blind, blind_worker = start_worker(
         profile="mixtral-8x7b-chat", speedup=50.0, odmoe={"layer_miss": 1.0, "kv_period": None}
     )
-    fast, slow = per_token(shadowed), per_token(blind)
+    fast, slow = per_token(shadowed, shadowed_worker), per_token(blind, blind_worker)
     assert slow > 2 * fast, (fast, slow)
 
     good = httpx.get(shadowed + "/odmoe/stats").json()
