@@ -10,7 +10,7 @@ WORKER_PORT ?= 8101
 TORCH_INDEX ?=
 PIP := $(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: setup runtime demo test lint bench real-engine
+.PHONY: setup runtime demo test lint bench real-engine load-tool
 
 $(VENV)/.runtime: pyproject.toml
 	python3 -m venv $(VENV)
@@ -49,3 +49,10 @@ bench: setup
 real-engine: setup
 	PY=$(PY) scripts/real-engine.sh > .engine.env
 	env $$(cat .engine.env) $(VENV)/bin/pytest -q -s -m real_engine tests/test_real_engine.py
+
+# Optional: guidellm (a load generator nobody here wrote) in its own virtualenv, run
+# offline against the demo with a tokenizer built locally (tests/test_load_tool.py).
+TOOLS_VENV ?= .tools-venv
+load-tool: setup
+	test -x $(TOOLS_VENV)/bin/guidellm || (python3 -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install -q guidellm==0.8.1)
+	GUIDELLM=$(TOOLS_VENV)/bin/guidellm $(VENV)/bin/pytest -q -m load_tool tests/test_load_tool.py

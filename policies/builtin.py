@@ -41,6 +41,8 @@ def register_builtins(registry: Registry) -> None:
         ("filter", "memory_feasible", filters.MemoryFeasible),
         ("filter", "kv_feasible", netkv.KVFeasible),
         ("scorer", "load", scorers.Load),
+        ("scorer", "queue", scorers.Queue),
+        ("scorer", "kv_utilization", scorers.KVUtilization),
         ("scorer", "prefix_cache", scorers.PrefixCache),
         ("scorer", "session_affinity", scorers.SessionAffinity),
         ("scorer", "expert_map", scorers.ExpertMap),

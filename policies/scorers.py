@@ -45,6 +45,41 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Queue:
+    """The shortest waiting queue, min-max scaled over the candidates: 1 for the
+    shortest, 0 for the longest, 1 for all when they are level (the shape of the
+    Gateway API inference extension's queue scorer). Stale engine stats count as
+    the gateway's own in-flight requests."""
+
+    name: str = "queue"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        stale = view.stale_after
+        queues = [b.waiting if b.stats_age <= stale else b.inflight for b in candidates]
+        if not queues:
+            return []
+        low, high = min(queues), max(queues)
+        if high == low:
+            return [1.0] * len(queues)
+        return [(high - q) / (high - low) for q in queues]
+
+
+@dataclass(frozen=True)
+class KVUtilization:
+    """Free KV cache: 1 - the engine's KV usage (0 for stale stats, which say nothing)."""
+
+    name: str = "kv_utilization"
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        stale = view.stale_after
+        return [1.0 - b.kv_usage if b.stats_age <= stale else 0.0 for b in candidates]
+
+
+@dataclass(frozen=True)
 class PrefixCache:
     """Share of the prompt's leading blocks that the backend recently served."""
 

@@ -42,6 +42,7 @@ class Asked:
     tool: str | None = None  # the function a call is required to, by name
     tool_schema: dict[str, Any] | None = None  # that function's parameters
     json_schema: dict[str, Any] | None = None  # the content must be JSON matching this
+    ignore_eos: bool = False  # vLLM's extra: generate until max_tokens (trace replay)
 
 
 def read_asked(body: dict[str, Any], chat: bool) -> Asked:
@@ -51,7 +52,10 @@ def read_asked(body: dict[str, Any], chat: bool) -> Asked:
         n = 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise Invalid(f"'n' must be an integer from 1 to {MAX_N}", "n")
-    return Asked(n, _logprobs(body, chat), *_tool(body), _json_schema(body))
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise Invalid("'ignore_eos' must be a boolean", "ignore_eos")
+    return Asked(n, _logprobs(body, chat), *_tool(body), _json_schema(body), ignore_eos)
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
@@ -150,6 +154,8 @@ class Choice:
 def plan(asked: Asked, seed: int, natural: int, limit: int | None, stop: list[str]) -> list[Choice]:
     """The request's choices. `natural`: the answer's own length in tokens; `limit`:
     the most it may have (max_tokens and the context window)."""
+    if asked.ignore_eos and limit is not None:
+        natural = limit
     out = []
     for i in range(asked.n):
         s = seed + i

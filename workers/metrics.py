@@ -76,6 +76,12 @@ class _EngineCollector(Collector):
                 "Prefix-cache hit rate (older name).",
                 st.prefix_hits / st.prefix_queries if st.prefix_queries else 0.0,
             ),
+            # The emulator's own: how far the host has run behind the engine's clock at
+            # worst (emulated seconds); time-scaled benchmarks report it.
+            "emulator:lag_max_seconds": (
+                "Worst lag of the host behind the engine's clock.",
+                st.lag_max,
+            ),
         }
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(name, doc, labels=labels)

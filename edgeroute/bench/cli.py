@@ -111,11 +111,62 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )
     d.set_defaults(func=lambda a: _dashboard(a))
+    lv = command("live", "routers side by side on a replayed trace, same workers, same arrivals")
+    common(lv)
+    lv.add_argument(
+        "--trace", help="Mooncake JSONL or Azure CSV trace (default: the data folder's Mooncake)"
+    )
+    lv.add_argument("--routers", help="comma-separated router names (default: all; --quick: a few)")
+    lv.add_argument("--loads", default="0.5,1.0,1.5", help="fractions of the measured capacity")
+    lv.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
+    lv.add_argument(
+        "--seconds", type=float, default=90.0, help="emulated seconds of arrivals per run"
+    )
+    lv.add_argument("--speedup", type=float, default=4.0, help="emulated time per wall second")
+    lv.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT SLO, emulated seconds")
+    lv.add_argument(
+        "--tpot-slo", type=float, default=0.1, help="mean inter-token latency SLO, seconds"
+    )
+    lv.add_argument("--name", default="live", help="the results files' name")
+    lv.set_defaults(func=lambda a: _live(a))
     w = command(
         "worker-capacity", help="concurrent streams one worker sustains within 5%% timing error"
     )
     common(w)
     w.set_defaults(func=lambda a: _capacity(a))
+
+
+def _live(a: argparse.Namespace) -> None:
+    from edgeroute.bench.live import ROUTERS, Settings, main
+    from workers.quality import default_data_dir
+
+    trace = (
+        Path(a.trace)
+        if a.trace
+        else default_data_dir() / "mooncake" / "conversation_trace.jsonl.gz"
+    )
+    quick_routers = (
+        "round_robin",
+        "least_load",
+        "composed",
+        "vllm-router cache_aware",
+        "sglang-router cache_aware",
+    )
+    if a.routers:
+        routers = tuple(r.strip() for r in a.routers.split(","))
+    else:
+        routers = quick_routers if a.quick else tuple(ROUTERS)
+    settings = Settings(
+        trace=trace,
+        routers=routers,
+        loads=(1.0,) if a.quick else tuple(float(x) for x in a.loads.split(",")),
+        seeds=tuple(range(a.seed, a.seed + (1 if a.quick else a.seeds))),
+        seconds=30.0 if a.quick else a.seconds,
+        speedup=a.speedup,
+        ttft_slo=a.ttft_slo,
+        tpot_slo=a.tpot_slo,
+    )
+    main(settings, a.json, a.quick, a.name)
 
 
 def _policies(a: argparse.Namespace) -> None:

@@ -1,12 +1,21 @@
-"""Mooncake-format traces: any JSONL (optionally gzipped) file with `timestamp` (ms),
-`input_length`, `output_length` and `hash_ids` (one per 512-token block)."""
+"""Request traces, in any file of two public formats (optionally gzipped):
+
+- Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length` and `hash_ids`,
+  one per 512-token block; the same hash is the same block of prompt, so prefix
+  caches can hit;
+- the Azure LLM inference CSV: `TIMESTAMP`, `ContextTokens`, `GeneratedTokens`; no
+  block hashes, so every prompt is its own.
+"""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 MOONCAKE_BLOCK = 512
@@ -18,6 +27,35 @@ class TraceRequest:
     input_len: int
     output_len: int
     hash_ids: tuple[int, ...]
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """Either format, told apart by its first line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        first = fh.readline().strip()
+    if first.startswith("{"):
+        return read_mooncake(path)
+    if "ContextTokens" in first:
+        return read_azure(path)
+    raise ValueError(f"{path}: neither a Mooncake JSONL nor an Azure CSV trace")
+
+
+def read_azure(path: Path) -> list[TraceRequest]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    out = []
+    with opener(path, "rt", newline="") as fh:
+        for row in csv.DictReader(fh):
+            stamp = datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
+            out.append(
+                TraceRequest(stamp, int(row["ContextTokens"]), int(row["GeneratedTokens"]), ())
+            )
+    if not out:
+        return out
+    t0 = min(r.t for r in out)
+    out = [TraceRequest(r.t - t0, r.input_len, r.output_len, r.hash_ids) for r in out]
+    out.sort(key=lambda r: r.t)
+    return out
 
 
 def read_mooncake(path: Path) -> list[TraceRequest]:
@@ -78,3 +116,39 @@ def arrivals(
         if t > duration:
             return
         yield TraceRequest(t, r.input_len, r.output_len, r.hash_ids)
+
+
+# About four characters per token, as the gateway's and the workers' estimate counts.
+CHARS_PER_TOKEN = 4
+
+
+def prompt_for(req: TraceRequest, unique: int) -> str:
+    """A prompt of `req.input_len` tokens. Each hash id is the same 512-token block of
+    text wherever it appears, so requests that share hash ids share a prefix; the rest
+    (or all of it, without hash ids) is text of this request's own (`unique`)."""
+    parts = []
+    for block in req.hash_ids:
+        parts.append(_block_text(block))
+    text = "".join(parts)[: req.input_len * CHARS_PER_TOKEN]
+    missing = req.input_len * CHARS_PER_TOKEN - len(text)
+    if missing > 0:
+        text += _filler(f"request {unique}", missing)
+    return text
+
+
+def _block_text(block: int) -> str:
+    return _filler(f"block {block}", MOONCAKE_BLOCK * CHARS_PER_TOKEN)
+
+
+_WORDS = ("data", "cache", "route", "token", "model", "query", "answer", "plan", "graph", "node")
+
+
+def _filler(seed: str, chars: int) -> str:
+    rng = random.Random(seed)
+    out = [f"[{seed}] "]
+    size = len(out[0])
+    while size < chars:
+        word = rng.choice(_WORDS) + " "
+        out.append(word)
+        size += len(word)
+    return "".join(out)[:chars]

@@ -1,0 +1,736 @@
+"""`edgeroute bench live`: routers side by side on live traffic, same workers, same trace.
+
+Each router runs as its own process in front of a pool of emulated workers
+(heterogeneous profiles, prefix caches, KV memory), started afresh for every run so
+that no router inherits another's caches or queues. A trace (any Mooncake JSONL or
+Azure CSV file) is replayed at its own arrival times, compressed or stretched to a
+load level, `--speedup` times faster than real time on both sides: the workers run
+their clocks that much faster and the client sends that much sooner. Every request is
+a streamed chat completion whose prompt is built from the trace's block hashes (the
+same hash, the same text: prefix caches hit as they would) and whose `max_tokens`,
+with vLLM's `ignore_eos`, is the trace's output length.
+
+Load levels are fractions of the pool's capacity, measured first in the same run: the
+completions per second of a closed loop that keeps every worker's KV memory busy.
+
+Per request: TTFT, mean inter-token latency, end to end, and the outcome: served,
+refused (the worker it was sent to cannot hold it: context or KV memory; a request
+no worker can hold is `unservable` and counted apart), or failed. Per run: goodput
+(served requests meeting both SLOs, per second), SLO attainment, the workers'
+prefix-cache hit rate, load imbalance (coefficient of variation of requests per
+worker), the router's CPU per request, and the workers' worst lag behind their
+clocks (the time-scaling error). Intervals are 95% over seeds; the seed moves the
+arrival jitter, the trace stays the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from edgeroute.bench.loadgen import cpu_seconds
+from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
+from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
+from gateway.promtext import read_samples
+from workers.profiles import PROFILES
+
+MODEL = "live"
+PEERS = Path(os.environ.get("PEERS", "/tmp/peers"))
+# Heterogeneous on purpose: a router that ignores load or memory pays for it.
+POOL = ("mistral-7b-chat", "WizardLM-13B-V1.2", "mixtral-8x7b-chat", "llama-2-70b-chat")
+# Requests outside the trace's own traffic must not reach the internet (sglang-router
+# tries to fetch a tokenizer): proxies point at a closed local port.
+OFFLINE = {
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "HF_ENDPOINT": "http://127.0.0.1:9",
+    "HF_HUB_OFFLINE": "1",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+
+
+@dataclass(frozen=True)
+class Router:
+    """One router under test: ours with a routing spec, or a peer with its policy."""
+
+    name: str
+    kind: str  # "edgeroute", "vllm-router" or "sglang-router"
+    policy: Any  # edgeroute: a routing spec (mapping); a peer: its --policy
+
+
+# The llm-d endpoint picker's default profile (queue 2, KV utilisation 2, prefix 3,
+# max-score picker), re-created with our scorers: not llm-d itself.
+LLM_D = {
+    "policy": "least_load",
+    "scorers": [
+        {"type": "queue", "weight": 2.0},
+        {"type": "kv_utilization", "weight": 2.0},
+        {"type": "prefix_cache", "weight": 3.0},
+    ],
+    "tie_epsilon": 0.0,
+}
+# Ours, in no paper: where the prompt's prefix is cached, unless that backend is busier
+# (the load scorer sees the engine's queue and our own in-flight count) or short of KV.
+COMPOSED = {
+    "policy": "least_load",
+    "scorers": [
+        {"type": "prefix_cache", "weight": 0.5},
+        {"type": "load", "weight": 0.35},
+        {"type": "kv_utilization", "weight": 0.15},
+    ],
+}
+ROUTERS = {
+    r.name: r
+    for r in (
+        Router("round_robin", "edgeroute", {"policy": "round_robin"}),
+        Router("least_load", "edgeroute", {"policy": "least_load"}),
+        Router("power_of_two", "edgeroute", {"policy": "power_of_two"}),
+        Router("prefix_cache", "edgeroute", {"policy": "prefix_cache"}),
+        Router("cla", "edgeroute", {"policy": "cla"}),
+        Router("composed", "edgeroute", COMPOSED),
+        Router("llm-d default (re-created)", "edgeroute", LLM_D),
+        Router("vllm-router round_robin", "vllm-router", "round_robin"),
+        Router("vllm-router power_of_two", "vllm-router", "power_of_two"),
+        Router("vllm-router cache_aware", "vllm-router", "cache_aware"),
+        Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    trace: Path
+    routers: tuple[str, ...]
+    loads: tuple[float, ...]  # fractions of the measured capacity
+    seeds: tuple[int, ...]
+    seconds: float  # emulated seconds of arrivals per run
+    speedup: float
+    ttft_slo: float  # emulated seconds
+    tpot_slo: float
+    workers: tuple[str, ...] = POOL
+
+
+@dataclass
+class Result:
+    """One request as the client saw it (times in emulated seconds)."""
+
+    status: str  # "ok", "refused", "unservable" or "failed"
+    ttft: float = math.nan
+    itl: float = math.nan
+    e2e: float = math.nan
+    tokens: int = 0
+    detail: str = ""
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` ports free now (each bound and released; the OS does not hand them out
+    again at once)."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
+
+
+def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **OFFLINE, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def pool(profiles: Sequence[str], speedup: float) -> Iterator[list[str]]:
+    """Fresh workers, one process each; yields their URLs."""
+    ports = free_ports(len(profiles))
+    procs = [
+        _spawn(
+            [
+                sys.executable,
+                "-m",
+                "edgeroute.cli",
+                "worker",
+                "--profile",
+                profile,
+                "--port",
+                str(port),
+                "--speedup",
+                str(speedup),
+                "--served-model-name",
+                MODEL,
+                "--log-level",
+                "WARNING",
+                "--plain-logs",
+            ]
+        )
+        for profile, port in zip(profiles, ports, strict=True)
+    ]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for url, proc in zip(urls, procs, strict=True):
+            _wait(url + "/health", proc)
+        yield urls
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+def router_command(router: Router, urls: list[str], port: int, folder: Path) -> list[str]:
+    if router.kind == "edgeroute":
+        config = folder / "gateway.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "backends": [{"url": u, "id": f"w{i}"} for i, u in enumerate(urls)],
+                    "routing": {"default": router.policy},
+                    "log_level": "WARNING",
+                    "max_inflight": 0,
+                    "timeouts": {"first_byte": 600, "response": 600, "idle": 120},
+                }
+            )
+        )
+        return [
+            sys.executable,
+            "-m",
+            "edgeroute.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+        ]
+    binary = {
+        "vllm-router": PEERS / "vllm-router" / "bin" / "vllm-router",
+        "sglang-router": PEERS / "sglang-router" / "bin" / "smg",
+    }[router.kind]
+    if not binary.exists():
+        raise FileNotFoundError(f"{binary} (install the peers: ../shared/bench-peers/setup.sh)")
+    prometheus = str(free_ports(1)[0])
+    head = [str(binary)] if router.kind == "vllm-router" else [str(binary), "launch"]
+    return [
+        *head,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        str(router.policy),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        prometheus,
+    ]
+
+
+@contextmanager
+def running(router: Router, urls: list[str]) -> Iterator[tuple[str, int]]:
+    """The router in front of `urls`; yields its URL and process id."""
+    port = free_ports(1)[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = _spawn(router_command(router, urls, port, Path(tmp)))
+        url = f"http://127.0.0.1:{port}"
+        try:
+            health = "/readyz" if router.kind == "edgeroute" else "/health"
+            _wait(url + health, proc)
+            yield url, proc.pid
+        finally:
+            _stop(proc)
+
+
+def fits(req: TraceRequest, profiles: Sequence[str]) -> bool:
+    """Can any worker of the pool hold this request (context and KV memory)?"""
+    need = req.input_len + req.output_len
+    for name in profiles:
+        p = PROFILES[name]
+        if need <= p.max_model_len and p.blocks_for(need) <= p.kv_blocks:
+            return True
+    return False
+
+
+def body_for(req: TraceRequest, index: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt_for(req, index)}],
+        "max_tokens": max(1, req.output_len),
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def one(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], speedup: float, servable: bool
+) -> Result:
+    t0 = time.perf_counter()
+    first: float | None = None
+    last = t0
+    tokens = 0
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode("utf-8", "replace")
+                kind = "failed"
+                if r.status_code == 400 and ("context length" in text or "KV cache" in text):
+                    kind = "refused" if servable else "unservable"
+                return Result(kind, detail=f"{r.status_code}: {text[:160]}")
+            async for chunk in r.aiter_bytes():
+                now = time.perf_counter()
+                if first is None and b'"content"' in chunk:
+                    first = now
+                last = now
+                if b'"usage"' in chunk:
+                    tokens = _completion_tokens(chunk) or tokens
+    except httpx.HTTPError as exc:
+        return Result("failed", detail=repr(exc)[:160])
+    if first is None:
+        return Result("failed", detail="no token in the stream")
+    ttft = (first - t0) * speedup
+    itl = (last - first) * speedup / (tokens - 1) if tokens > 1 else 0.0
+    return Result("ok", ttft, itl, (last - t0) * speedup, tokens)
+
+
+def _completion_tokens(chunk: bytes) -> int:
+    at = chunk.rfind(b'"completion_tokens":')
+    if at < 0:
+        return 0
+    digits = bytearray()
+    for c in chunk[at + 20 :]:
+        if 48 <= c <= 57:
+            digits.append(c)
+        elif digits:
+            break
+    return int(digits) if digits else 0
+
+
+async def replay(
+    url: str,
+    requests: list[tuple[float, TraceRequest]],
+    speedup: float,
+    profiles: Sequence[str],
+) -> list[Result]:
+    """Send each request at its (emulated) time; the same prompts for every router."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        start = time.perf_counter()
+
+        async def at(t: float, req: TraceRequest, index: int) -> Result:
+            delay = start + t / speedup - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return await one(client, url, body_for(req, index), speedup, fits(req, profiles))
+
+        return await asyncio.gather(*(at(t, r, i) for i, (t, r) in enumerate(requests)))
+
+
+async def closed_loop(
+    url: str, trace: list[TraceRequest], clients: int, seconds: float, speedup: float
+) -> float:
+    """Completions per emulated second with `clients` always waiting on one."""
+    limits = httpx.Limits(max_connections=None)
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    done = 0
+    deadline = time.perf_counter() + seconds / speedup
+    queue = iter(enumerate(trace))
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+
+        async def loop() -> None:
+            nonlocal done
+            for i, req in queue:
+                if time.perf_counter() >= deadline:
+                    return
+                if (await one(client, url, body_for(req, i), speedup, True)).status == "ok":
+                    done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    return done / ((time.perf_counter() - start) * speedup)
+
+
+def workers_state(urls: list[str]) -> dict[str, Any]:
+    names = {
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:request_success_total",
+        "emulator:lag_max_seconds",
+    }
+    out: dict[str, Any] = {"queries": 0.0, "hits": 0.0, "finished": [], "lag": 0.0}
+    for url in urls:
+        s = read_samples(httpx.get(url + "/metrics", timeout=10).text, names)
+        out["queries"] += s.get("vllm:prefix_cache_queries_total", 0.0)
+        out["hits"] += s.get("vllm:prefix_cache_hits_total", 0.0)
+        out["finished"].append(s.get("vllm:request_success_total", 0.0))
+        out["lag"] = max(out["lag"], s.get("emulator:lag_max_seconds", 0.0))
+    return out
+
+
+def window(trace: list[TraceRequest], count: int) -> list[TraceRequest]:
+    """`count` consecutive requests, placed relative to the trace's own length: from a
+    tenth of the way in (past any start-up burst) when there are enough, else from the
+    start; all of a shorter trace."""
+    start = len(trace) // 10
+    if len(trace) - start < count:
+        start = max(0, len(trace) - count)
+    return trace[start : start + count]
+
+
+def arrivals(
+    requests: list[TraceRequest], rate: float, seconds: float, seed: int
+) -> list[tuple[float, TraceRequest]]:
+    """`requests` at their own spacing, scaled to a mean `rate` per second, for
+    `seconds`; each moved by up to a tenth of the mean gap, by the seed."""
+    if not requests:
+        return []
+    t0 = requests[0].t
+    span = requests[-1].t - t0
+    native = (len(requests) - 1) / span if span > 0 else rate
+    scale = native / rate
+    gap = 1.0 / rate
+    rng = random.Random(seed)
+    out = []
+    for r in requests:
+        t = (r.t - t0) * scale + rng.uniform(0.0, 0.1 * gap)
+        if t > seconds:
+            break
+        out.append((t, r))
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+@dataclass
+class Run:
+    router: str
+    load: float
+    seed: int
+    results: list[Result]
+    seconds: float
+    cpu_us: float
+    workers: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_capacity(s: Settings, trace: list[TraceRequest]) -> float:
+    servable = [r for r in trace if fits(r, s.workers)]
+    with pool(s.workers, s.speedup) as urls, running(ROUTERS["least_load"], urls) as (url, _):
+        # Enough clients to keep every worker's KV memory full.
+        mean = statistics.fmean(r.input_len + r.output_len for r in servable) if servable else 1
+        clients = max(
+            len(urls),
+            sum(
+                PROFILES[p].kv_blocks * PROFILES[p].block_size // max(1, int(mean))
+                for p in s.workers
+            ),
+        )
+        return asyncio.run(closed_loop(url, servable, clients, s.seconds, s.speedup))
+
+
+def run_one(
+    s: Settings, router: Router, load: float, seed: int, capacity: float, trace: list[TraceRequest]
+) -> Run:
+    reqs = arrivals(trace, load * capacity, s.seconds, seed)
+    with pool(s.workers, s.speedup) as urls, running(router, urls) as (url, pid):
+        before = workers_state(urls)
+        cpu0 = cpu_seconds(pid)
+        t0 = time.perf_counter()
+        results = asyncio.run(replay(url, reqs, s.speedup, s.workers))
+        elapsed = (time.perf_counter() - t0) * s.speedup
+        cpu = cpu_seconds(pid) - cpu0
+        after = workers_state(urls)
+    queries = after["queries"] - before["queries"]
+    finished = [a - b for a, b in zip(after["finished"], before["finished"], strict=True)]
+    state = {
+        "hit_rate": (after["hits"] - before["hits"]) / queries if queries else 0.0,
+        "imbalance": statistics.pstdev(finished) / statistics.fmean(finished)
+        if sum(finished)
+        else 0.0,
+        "lag_s": after["lag"],
+    }
+    return Run(router.name, load, seed, results, elapsed, cpu * 1e6 / max(1, len(results)), state)
+
+
+def summarize(run: Run, s: Settings) -> dict[str, Any]:
+    ok = [r for r in run.results if r.status == "ok"]
+    good = [r for r in ok if r.ttft <= s.ttft_slo and r.itl <= s.tpot_slo]
+    counted = [r for r in run.results if r.status != "unservable"]
+    ttfts = sorted(r.ttft for r in ok)
+    return {
+        "router": run.router,
+        "load": run.load,
+        "seed": run.seed,
+        "requests": len(run.results),
+        "served": len(ok),
+        "refused": sum(r.status == "refused" for r in run.results),
+        "unservable": sum(r.status == "unservable" for r in run.results),
+        "failed": sum(r.status == "failed" for r in run.results),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else math.nan,
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else math.nan,
+        "itl_mean_ms": statistics.fmean(r.itl for r in ok) * 1e3 if ok else math.nan,
+        "goodput_rps": len(good) / run.seconds if run.seconds > 0 else 0.0,
+        "slo_attainment": len(good) / len(counted) if counted else math.nan,
+        "hit_rate": run.workers.get("hit_rate", 0.0),
+        "imbalance_cv": run.workers.get("imbalance", 0.0),
+        "router_cpu_us": run.cpu_us,
+        "worker_lag_s": run.workers.get("lag_s", 0.0),
+        "ttfts": ttfts,
+    }
+
+
+# Two-sided 95% Student t quantiles for n-1 degrees of freedom.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (0 for one value)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    t = _T95.get(len(values) - 1, 1.96)
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+METRICS = (
+    "ttft_mean_s",
+    "ttft_p99_s",
+    "itl_mean_ms",
+    "goodput_rps",
+    "slo_attainment",
+    "hit_rate",
+    "imbalance_cv",
+    "router_cpu_us",
+)
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    keys = sorted({(r["load"], r["router"]) for r in rows}, key=lambda k: (k[0], k[1]))
+    for load, router in keys:
+        mine = [r for r in rows if r["load"] == load and r["router"] == router]
+        row: dict[str, Any] = {"load": load, "router": router, "seeds": len(mine)}
+        for m in METRICS:
+            mean, half = interval([r[m] for r in mine])
+            row[m] = f"{mean:.3g} ± {half:.2g}" if not math.isnan(mean) else "n/a"
+            row[m + "_mean"] = mean
+        for k in ("requests", "served", "refused", "unservable", "failed"):
+            row[k] = sum(r[k] for r in mine)
+        row["worker_lag_s"] = max(r["worker_lag_s"] for r in mine)
+        out.append(row)
+    return out
+
+
+def paired(rows: list[dict[str, Any]], ours: str, peer: str, metric: str) -> tuple[float, float]:
+    """Mean and 95% half-width of (ours - peer) on `metric`, paired by load and seed."""
+    by = {(r["router"], r["load"], r["seed"]): r[metric] for r in rows}
+    diffs = [
+        by[(ours, load, seed)] - by[(peer, load, seed)]
+        for (router, load, seed) in by
+        if router == ours and (peer, load, seed) in by
+    ]
+    return interval(diffs)
+
+
+def plot_cdfs(rows: list[dict[str, Any]], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    loads = sorted({r["load"] for r in rows})
+    fig, axes = plt.subplots(1, len(loads), figsize=(5.5 * len(loads), 4), squeeze=False)
+    for ax, load in zip(axes[0], loads, strict=True):
+        for router in sorted({r["router"] for r in rows}):
+            ttfts = sorted(
+                t for r in rows if r["load"] == load and r["router"] == router for t in r["ttfts"]
+            )
+            if ttfts:
+                ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=router)
+        ax.set(title=f"load {load:.0%} of capacity", xlabel="TTFT (s, emulated)", ylabel="CDF")
+        ax.set_xscale("log")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    save_figure(fig, out, dpi=100)
+    plt.close(fig)
+
+
+def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
+    trace_all = read_trace(s.trace)
+    unknown = [r for r in s.routers if r not in ROUTERS]
+    if unknown:
+        raise ValueError(f"unknown routers {unknown}; known: {sorted(ROUTERS)}")
+    if not trace_all:
+        raise ValueError(f"{s.trace}: the trace has no requests")
+    # Enough requests for the longest run at the highest load, measured or guessed high.
+    probe = window(trace_all, 2000)
+    servable = sum(fits(r, s.workers) for r in probe)
+    span = trace_all[-1].t - trace_all[0].t
+    print(
+        f"trace {s.trace.name}: {len(trace_all)} requests over {span:.0f} s; of a window of "
+        f"{len(probe)}, {len(probe) - servable} fit no worker of the pool",
+        flush=True,
+    )
+    capacity = measure_capacity(s, probe) if servable else 0.0
+    if servable == 0:
+        print("no request of the window fits any worker of the pool: nothing to route")
+    print(f"pool capacity: {capacity:.3f} completions per second (emulated)", flush=True)
+    trace = window(trace_all, math.ceil(max(s.loads) * capacity * s.seconds * 1.5) + 20)
+    rows = []
+    total = len(s.routers) * len(s.loads) * len(s.seeds)
+    done = 0
+    for seed in s.seeds:
+        for load in s.loads:
+            for router in s.routers:
+                done += 1
+                if capacity <= 0:
+                    continue
+                try:
+                    run = run_one(s, ROUTERS[router], load, seed, capacity, trace)
+                except (RuntimeError, FileNotFoundError) as exc:
+                    print(f"[{done}/{total}] {router}: could not run: {exc}", flush=True)
+                    continue
+                row = summarize(run, s)
+                rows.append(row)
+                print(
+                    f"[{done}/{total}] seed {seed} load {load:.0%} {router:<28} "
+                    f"TTFT {row['ttft_mean_s']:.2f} s  goodput {row['goodput_rps']:.3f}/s  "
+                    f"served {row['served']}/{row['requests']}  lag {row['worker_lag_s']:.3f} s",
+                    flush=True,
+                )
+    table = aggregate(rows)
+    ours = [r for r in s.routers if ROUTERS[r].kind == "edgeroute"]
+    peers = [r for r in s.routers if ROUTERS[r].kind != "edgeroute"]
+    comparisons = []
+    for load in s.loads:
+        at = [r for r in table if r["load"] == load]
+        for metric, better in (("ttft_mean_s", min), ("goodput_rps", max)):
+            candidates = [
+                r for r in at if r["router"] in peers and not math.isnan(r[metric + "_mean"])
+            ]
+            mine = [r for r in at if r["router"] in ours and not math.isnan(r[metric + "_mean"])]
+            if not candidates or not mine:
+                continue
+            best_peer = better(candidates, key=lambda r: r[metric + "_mean"])["router"]
+            best_ours = better(mine, key=lambda r: r[metric + "_mean"])["router"]
+            diff, half = paired(
+                [x for x in rows if x["load"] == load], best_ours, best_peer, metric
+            )
+            comparisons.append(
+                {
+                    "load": load,
+                    "metric": metric,
+                    "best_ours": best_ours,
+                    "best_peer": best_peer,
+                    "ours_minus_peer": f"{diff:.3g} ± {half:.2g}",
+                }
+            )
+    notes = (
+        f"Trace `{s.trace.name}`; pool {', '.join(s.workers)} (one emulated worker each); "
+        f"speedup {s.speedup:g}; {s.seconds:g} emulated s of arrivals per run; seeds "
+        f"{list(s.seeds)}; capacity {capacity:.3f}/s measured by a closed loop through "
+        f"least_load. SLOs: TTFT <= {s.ttft_slo:g} s and mean inter-token latency <= "
+        f"{s.tpot_slo * 1000:g} ms (emulated). Values: mean ± 95% half-width over seeds. "
+        "`refused`: sent to a worker that cannot hold it; `unservable`: no worker can. "
+        "`worker_lag_s`: the workers' worst lag behind their clocks (the time-scaling "
+        "error). The llm-d row is a re-creation of its default scoring with our scorers.\n\n"
+        "## Best of ours against the best peer (paired by seed)\n\n"
+        + ("\n".join(str(c) for c in comparisons) if comparisons else "(no peer ran)")
+    )
+    columns = [
+        "load",
+        "router",
+        "seeds",
+        *METRICS,
+        "requests",
+        "served",
+        "refused",
+        "unservable",
+        "failed",
+        "worker_lag_s",
+    ]
+    write(
+        name,
+        {
+            "command": "edgeroute bench live" + (" --quick" if quick else ""),
+            "trace": s.trace.name,
+            "routers": list(s.routers),
+            "loads": list(s.loads),
+            "seeds": list(s.seeds),
+            "seconds": s.seconds,
+            "speedup": s.speedup,
+            "capacity_rps": capacity,
+            "ttft_slo_s": s.ttft_slo,
+            "tpot_slo_s": s.tpot_slo,
+            "comparisons": comparisons,
+        },
+        [{k: v for k, v in r.items() if k != "ttfts"} for r in rows],
+        columns,
+        json_path,
+        notes=notes,
+        quick=quick,
+        table_rows=table,
+    )
+    if rows:
+        draw(
+            Plot(
+                "load",
+                ("ttft_mean_s_mean", "goodput_rps_mean"),
+                ("router",),
+                "Routers on live traffic: mean TTFT and goodput against load (means over seeds)",
+            ),
+            table,
+            output_dir(quick) / f"{name}.png",
+        )
+        plot_cdfs(rows, output_dir(quick) / f"{name}_ttft_cdf.png")
