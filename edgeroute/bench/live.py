@@ -377,25 +377,28 @@ async def replay(
 async def closed_loop(
     url: str, trace: list[TraceRequest], clients: int, seconds: float, speedup: float
 ) -> float:
-    """Completions per emulated second with `clients` always waiting on one."""
+    """Completions per emulated second with `clients` always waiting on one, counted
+    after the first third of the run (the pool filling up is not its capacity)."""
     limits = httpx.Limits(max_connections=None)
     timeout = httpx.Timeout(600.0, connect=10.0)
-    done = 0
-    deadline = time.perf_counter() + seconds / speedup
+    start = time.perf_counter()
+    counted_from = start + seconds / speedup / 3
+    deadline = start + seconds / speedup
+    done: list[float] = []
     queue = iter(enumerate(trace))
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
 
         async def loop() -> None:
-            nonlocal done
             for i, req in queue:
                 if time.perf_counter() >= deadline:
                     return
                 if (await one(client, url, body_for(req, i), speedup, True)).status == "ok":
-                    done += 1
+                    done.append(time.perf_counter())
 
-        start = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(clients)))
-    return done / ((time.perf_counter() - start) * speedup)
+    end = max(time.perf_counter(), counted_from + 1e-9)
+    counted = sum(1 for t in done if counted_from <= t <= end)
+    return counted / ((end - counted_from) * speedup)
 
 
 def workers_state(urls: list[str]) -> dict[str, Any]:
@@ -471,7 +474,7 @@ def measure_capacity(s: Settings, trace: list[TraceRequest]) -> float:
                 for p in s.workers
             ),
         )
-        return asyncio.run(closed_loop(url, servable, clients, s.seconds, s.speedup))
+        return asyncio.run(closed_loop(url, servable, clients, 2 * s.seconds, s.speedup))
 
 
 def run_one(
@@ -515,7 +518,8 @@ def summarize(run: Run, s: Settings) -> dict[str, Any]:
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else math.nan,
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else math.nan,
         "itl_mean_ms": statistics.fmean(r.itl for r in ok) * 1e3 if ok else math.nan,
-        "goodput_rps": len(good) / run.seconds if run.seconds > 0 else 0.0,
+        # Per second of offered traffic (the arrival window), the same for every router.
+        "goodput_rps": len(good) / s.seconds,
         "slo_attainment": len(good) / len(counted) if counted else math.nan,
         "hit_rate": run.workers.get("hit_rate", 0.0),
         "imbalance_cv": run.workers.get("imbalance", 0.0),
