@@ -26,6 +26,7 @@ arrival jitter, the trace stays the same.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
@@ -632,6 +633,9 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
     print(f"pool capacity: {capacity:.3f} completions per second (emulated)", flush=True)
     trace = window(trace_all, math.ceil(max(s.loads) * capacity * s.seconds * 1.5) + 20)
     rows = []
+    progress = output_dir(quick) / f"{name}.progress.jsonl"
+    progress.unlink(missing_ok=True)
+    print(f"each run's row is appended to {progress} as it ends", flush=True)
     total = len(s.routers) * len(s.loads) * len(s.seeds)
     done = 0
     for seed in s.seeds:
@@ -647,6 +651,8 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
                     continue
                 row = summarize(run, s)
                 rows.append(row)
+                with progress.open("a") as f:  # kept if the run is cut short
+                    f.write(json.dumps({k: v for k, v in row.items() if k != "ttfts"}) + "\n")
                 print(
                     f"[{done}/{total}] seed {seed} load {load:.0%} {router:<28} "
                     f"TTFT {row['ttft_mean_s']:.2f} s  goodput {row['goodput_rps']:.3f}/s  "

@@ -59,6 +59,7 @@ def summarise(runs: list[list[Request]], slo: float) -> dict[str, Any]:
     return out
 
 
+# Each statistic of a point (NaN where nothing was measured).
 _EMPTY = (
     "ttft_mean_s",
     "ttft_p50_s",
@@ -259,18 +260,7 @@ def main(
     print("  exp6 done", flush=True)
 
     rows = exp1 + exp3 + exp4 + exp6
-    cols = [
-        "policy",
-        "ttft_mean_s",
-        "ttft_p50_s",
-        "ttft_p99_s",
-        "tbt_ms",
-        "slo",
-        "xfer_ms",
-        "tier_rack",
-        "tier_pod",
-        "tier_cluster",
-    ]
+    cols = ["policy", *(c for c in _EMPTY if c not in ("tier_node", "ttft_mean_std_s"))]
     by = {(r["load_pct"], r["policy"]): r for r in exp1}
     headline = []
     for load in sorted({r["load_pct"] for r in exp1}):
