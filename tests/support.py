@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -79,6 +82,38 @@ def engine_seconds_per_token(worker: Worker, send: Callable[[], httpx.Response])
     (seq,) = finished
     assert seq.last_token_at is not None
     return (seq.last_token_at - seq.arrival) / seq.generated
+
+
+def synthetic_mooncake(
+    path: Path,
+    requests: int = 120,
+    seconds: float = 1022.0,
+    inputs: tuple[int, int] = (20_000, 40_000),
+    outputs: tuple[int, int] = (3, 6),
+    seed: int = 7,
+) -> Path:
+    """A Mooncake-format trace written here (the default is shaped like a held-out trace
+    that once broke `bench netkv`: short, long inputs, tiny outputs). A few documents
+    start many prompts (their first 20 blocks shared), the rest is each prompt's own."""
+    rng = random.Random(seed)
+    t = 0.0
+    lines = []
+    for _ in range(requests):
+        t += rng.expovariate(requests / seconds)
+        size = rng.randint(*inputs)
+        blocks = math.ceil(size / 512)
+        shared = rng.randint(0, 3)
+        head = [shared * 100 + b for b in range(min(20, blocks))]
+        own = [10_000 + rng.randrange(1 << 30) for _ in range(blocks - len(head))]
+        record = {
+            "timestamp": int(t * 1000),
+            "input_length": size,
+            "output_length": rng.randint(*outputs),
+            "hash_ids": head + own,
+        }
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -5,8 +5,6 @@ long, inputs of 20-40K tokens (some too long for every worker), outputs of 3-6."
 from __future__ import annotations
 
 import json
-import math
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -16,30 +14,11 @@ import pytest
 from edgeroute import results_io
 from edgeroute.bench.live import ROUTERS, Settings, arrivals, main, window
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
+from tests.support import synthetic_mooncake
 
 
-def short_long_trace(path: Path, requests: int = 120, seconds: float = 1022.0) -> Path:
-    rng = random.Random(7)
-    t = 0.0
-    lines = []
-    for _ in range(requests):
-        t += rng.expovariate(requests / seconds)
-        size = rng.randint(20_000, 40_000)
-        blocks = math.ceil(size / 512)
-        shared = rng.randint(0, 3)  # a few documents that many requests start with
-        own = [10_000 + rng.randrange(1 << 30) for _ in range(blocks - 20)]
-        lines.append(
-            json.dumps(
-                {
-                    "timestamp": int(t * 1000),
-                    "input_length": size,
-                    "output_length": rng.randint(3, 6),
-                    "hash_ids": [shared * 100 + b for b in range(20)] + own,
-                }
-            )
-        )
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def short_long_trace(path: Path) -> Path:
+    return synthetic_mooncake(path)
 
 
 def test_both_trace_formats_are_read_and_prompts_share_their_blocks(tmp_path: Path) -> None:
