@@ -127,6 +127,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     lv.add_argument(
         "--tpot-slo", type=float, default=0.1, help="mean inter-token latency SLO, seconds"
     )
+    lv.add_argument(
+        "--capacity",
+        type=float,
+        help="completions per second to call 100%% load (default: measure it)",
+    )
     lv.add_argument("--name", default="live", help="the results files' name")
     lv.set_defaults(func=lambda a: _live(a))
     w = command(
@@ -165,6 +170,7 @@ def _live(a: argparse.Namespace) -> None:
         speedup=a.speedup,
         ttft_slo=a.ttft_slo,
         tpot_slo=a.tpot_slo,
+        capacity=a.capacity,
     )
     main(settings, a.json, a.quick, a.name)
 

@@ -127,6 +127,7 @@ class Settings:
     ttft_slo: float  # emulated seconds
     tpot_slo: float
     workers: tuple[str, ...] = POOL
+    capacity: float | None = None  # completions/s to take as 100%; None: measure it
 
 
 @dataclass
@@ -627,10 +628,14 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
         f"{len(probe)}, {len(probe) - servable} fit no worker of the pool",
         flush=True,
     )
-    capacity = measure_capacity(s, probe) if servable else 0.0
+    if s.capacity is not None:
+        capacity = s.capacity
+    else:
+        capacity = measure_capacity(s, probe) if servable else 0.0
     if servable == 0:
         print("no request of the window fits any worker of the pool: nothing to route")
-    print(f"pool capacity: {capacity:.3f} completions per second (emulated)", flush=True)
+    how = "given" if s.capacity is not None else "measured"
+    print(f"pool capacity ({how}): {capacity:.3f} completions per second (emulated)", flush=True)
     trace = window(trace_all, math.ceil(max(s.loads) * capacity * s.seconds * 1.5) + 20)
     rows = []
     progress = output_dir(quick) / f"{name}.progress.jsonl"
@@ -689,8 +694,13 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
     notes = (
         f"Trace `{s.trace.name}`; pool {', '.join(s.workers)} (one emulated worker each); "
         f"speedup {s.speedup:g}; {s.seconds:g} emulated s of arrivals per run; seeds "
-        f"{list(s.seeds)}; capacity {capacity:.3f}/s measured by a closed loop through "
-        f"least_load. SLOs: TTFT <= {s.ttft_slo:g} s and mean inter-token latency <= "
+        f"{list(s.seeds)}; capacity {capacity:.3f}/s "
+        + (
+            "(given with --capacity)"
+            if s.capacity is not None
+            else "measured by a closed loop through least_load"
+        )
+        + f". SLOs: TTFT <= {s.ttft_slo:g} s and mean inter-token latency <= "
         f"{s.tpot_slo * 1000:g} ms (emulated). Values: mean ± 95% half-width over seeds. "
         "`refused`: sent to a worker that cannot hold it; `unservable`: no worker can. "
         "`worker_lag_s`: the workers' worst lag behind their clocks (the time-scaling "
