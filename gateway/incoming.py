@@ -26,6 +26,12 @@ class Incoming:
     t0: float  # perf_counter() when it arrived
 
 
+def header_text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
+    """A request header's value as text (latin-1, as HTTP/1.1 carries it), or None."""
+    value = hdrs.get(name)
+    return value.decode("latin-1") if value is not None else None
+
+
 class RequestInfos:
     """Builds the `RequestInfo` a policy reads: the prompt's size, its prefix blocks
     when a policy needs them, the session, and the request's draw of randomness."""
@@ -38,9 +44,7 @@ class RequestInfos:
         """`hashed`: work out the prompt's block hashes (Need.BLOCK_HASHES)."""
         body = req.body
         text = prompt_text(body)
-        value = req.hdrs.get(b"x-session-id")
-        session = (value.decode("latin-1") if value else None) or body.get("user")
-        task = req.hdrs.get(b"x-edgeroute-task")
+        session = header_text(req.hdrs, b"x-session-id") or body.get("user")
         return RequestInfo(
             model=req.model,
             prompt_tokens=estimate_tokens(text),
@@ -51,6 +55,6 @@ class RequestInfos:
             entropy=random.getrandbits(63),
             now=time.monotonic(),
             stream=bool(body.get("stream")),
-            task=task.decode("latin-1") if task is not None else None,
+            task=header_text(req.hdrs, b"x-edgeroute-task"),
             prompt=text,
         )

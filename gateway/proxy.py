@@ -28,7 +28,7 @@ from gateway.disaggregation import Disaggregated
 from gateway.errors import GatewayError
 from gateway.forwarding import Forwarder
 from gateway.hooks import Hook
-from gateway.incoming import Incoming, RequestInfos
+from gateway.incoming import Incoming, RequestInfos, header_text
 from gateway.logs import request_id
 from gateway.metrics import GatewayMetrics, series
 from gateway.relay import ClientWatch, RelayResponse
@@ -64,11 +64,6 @@ _DROP_UP = frozenset(
 )
 # An x-request-id the gateway echoes and forwards as given; others are replaced.
 _REQUEST_ID = re.compile(rb"[!-~]{1,200}")
-
-
-def _text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
-    value = hdrs.get(name)
-    return value.decode("latin-1") if value is not None else None
 
 
 class Handler(Protocol):
@@ -150,7 +145,7 @@ class Proxy:
         request_id.set(rid)
         model_label = "unknown"
         try:
-            require_client_key(_text(hdrs, b"authorization"), self.settings.api_keys)
+            require_client_key(header_text(hdrs, b"authorization"), self.settings.api_keys)
             raw = await self._read_body(request, hdrs)
             watch.start(request.scope, request.receive)
             try:

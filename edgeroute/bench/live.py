@@ -47,6 +47,7 @@ import httpx
 import yaml
 
 from edgeroute.bench.loadgen import cpu_seconds
+from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from gateway.promtext import read_samples
@@ -156,20 +157,6 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
-
-
 def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd,
@@ -219,7 +206,7 @@ def pool(profiles: Sequence[str], speedup: float) -> Iterator[list[str]]:
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url, proc in zip(urls, procs, strict=True):
-            _wait(url + "/health", proc)
+            wait_ready(url + "/health", 60.0, proc)
         yield urls
     finally:
         for proc in procs:
@@ -284,7 +271,7 @@ def running(router: Router, urls: list[str]) -> Iterator[tuple[str, int]]:
         url = f"http://127.0.0.1:{port}"
         try:
             health = "/readyz" if router.kind == "edgeroute" else "/health"
-            _wait(url + health, proc)
+            wait_ready(url + health, 60.0, proc)
             yield url, proc.pid
         finally:
             _stop(proc)
@@ -459,7 +446,6 @@ class Run:
     load: float
     seed: int
     results: list[Result]
-    seconds: float
     cpu_us: float
     workers: dict[str, Any] = field(default_factory=dict)
 
@@ -486,9 +472,7 @@ def run_one(
     with pool(s.workers, s.speedup) as urls, running(router, urls) as (url, pid):
         before = workers_state(urls)
         cpu0 = cpu_seconds(pid)
-        t0 = time.perf_counter()
         results = asyncio.run(replay(url, reqs, s.speedup, s.workers))
-        elapsed = (time.perf_counter() - t0) * s.speedup
         cpu = cpu_seconds(pid) - cpu0
         after = workers_state(urls)
     queries = after["queries"] - before["queries"]
@@ -500,7 +484,7 @@ def run_one(
         else 0.0,
         "lag_s": after["lag"],
     }
-    return Run(router.name, load, seed, results, elapsed, cpu * 1e6 / max(1, len(results)), state)
+    return Run(router.name, load, seed, results, cpu * 1e6 / max(1, len(results)), state)
 
 
 def summarize(run: Run, s: Settings) -> dict[str, Any]:

@@ -37,9 +37,15 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def wait_ready(url: str, timeout: float = 30.0) -> None:
+def wait_ready(
+    url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until `url` answers 200; `proc`, when given, is the server, and its exit ends
+    the wait at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
