@@ -55,6 +55,13 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
 
         topology = Topology.from_mapping(yaml.safe_load(Path(args.topology).read_text()))
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    moe = None
+    if args.moe:
+        import yaml
+
+        from workers.moe_host import MoEConfig
+
+        moe = MoEConfig.model_validate(yaml.safe_load(Path(args.moe).read_text()))
     out = []
     for i in range(args.count):
         profile = profiles[i % len(profiles)]
@@ -77,6 +84,7 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
                 overrides=_overrides(args.set or []),
                 redis_url=args.redis_url,
                 admin_token=args.admin_token,
+                moe=moe,
             )
         )
     return out
@@ -281,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--instance-id", help="this instance's name in the topology")
     worker.add_argument("--topology", help="YAML topology for emulated KV transfers")
+    worker.add_argument(
+        "--moe", help="YAML MoE mode settings (the experts hosted, link, costs): an MoE worker"
+    )
     worker.add_argument(
         "--redis-url",
         default=os.environ.get("EDGEROUTE_REDIS_URL"),

@@ -69,7 +69,7 @@ class Sample:
     tokens: int
 
 
-def _literal_text(value: str) -> str:
+def literal_text(value: str) -> str:
     """RouterBench stores prompts and responses as Python list literals."""
     try:
         parsed = ast.literal_eval(value)
@@ -90,7 +90,7 @@ def iter_samples(data_dir: Path) -> Iterator[Sample]:
             continue
         with gzip.open(path, "rt", newline="") as fh:
             for row in csv.DictReader(fh):
-                prompt = _literal_text(row["prompt"])
+                prompt = literal_text(row["prompt"])
                 for col, response in row.items():
                     if not col.endswith("|model_response"):
                         continue
@@ -103,7 +103,7 @@ def iter_samples(data_dir: Path) -> Iterator[Sample]:
                         row["eval_name"],
                         model,
                         float(score),
-                        estimate_tokens(_literal_text(response)),
+                        estimate_tokens(literal_text(response)),
                     )
     path = base / "routellm_gsm8k_responses.csv.gz"
     if path.exists():

@@ -92,6 +92,18 @@ class WorkerConfig(BaseModel):
         return self.instance_id or f"{self.host}:{self.port}"
 
 
+def _task(request: Request, body: dict[str, Any]) -> str | None:
+    """The request's class: the gateway's `x-edgeroute-task` header, else the body's
+    `metadata.task` (OpenAI's free-form metadata), which routers that drop unknown
+    headers still forward."""
+    header = request.headers.get("x-edgeroute-task")
+    if header:
+        return header
+    meta = body.get("metadata")
+    task = meta.get("task") if isinstance(meta, dict) else None
+    return task if isinstance(task, str) and task else None
+
+
 def _error(status: int, message: str, param: str | None = None) -> Response:
     kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(
         status, "InternalServerError"
@@ -287,7 +299,7 @@ class Worker:
             )
 
         seed = seed_field if seed_field is not None else stable_hash(text + str(model))
-        task = request.headers.get("x-edgeroute-task") or self.config.default_task
+        task = _task(request, body) or self.config.default_task
         outcome = self._outcome(body, task, seed)
         room = limit - prompt_tokens
         choices = plan(asked, seed, outcome.tokens, min(max_tokens or room, room), stop)
@@ -311,7 +323,7 @@ class Worker:
                 prompt_tokens=prompt_tokens,
                 target_tokens=max(len(c.pieces), 1) if remote_decode else len(c.pieces),
                 prefix_hashes=hashes,
-                task=request.headers.get("x-edgeroute-task") or "",
+                task=_task(request, body) or "",
             )
             for c in choices
         ]

@@ -114,9 +114,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     lv = command("live", "routers side by side on a replayed trace, same workers, same arrivals")
     common(lv)
     lv.add_argument(
-        "--trace", help="Mooncake JSONL or Azure CSV trace (default: the data folder's Mooncake)"
+        "--trace",
+        help="Mooncake JSONL, Azure CSV or RouterBench prompt-set file (default: the data "
+        "folder's Mooncake trace; experts pool: RouterBench's MBPP test prompts; MoE pool: "
+        "the Azure conversation trace)",
     )
-    lv.add_argument("--routers", help="comma-separated router names (default: all; --quick: a few)")
+    lv.add_argument(
+        "--pool",
+        default="mixed",
+        choices=["mixed", "experts", "moe", "pd"],
+        help="the workers: mixed engines, quality experts, MoE workers, or prefill/decode",
+    )
+    lv.add_argument(
+        "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    lv.add_argument(
+        "--routers", help="comma-separated router names (default: all the pool's; --quick: a few)"
+    )
     lv.add_argument("--loads", default="0.5,1.0,1.5", help="fractions of the measured capacity")
     lv.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
     lv.add_argument(
@@ -145,22 +159,20 @@ def _live(a: argparse.Namespace) -> None:
     from edgeroute.bench.live import ROUTERS, Settings, main
     from workers.quality import default_data_dir
 
-    trace = (
-        Path(a.trace)
-        if a.trace
-        else default_data_dir() / "mooncake" / "conversation_trace.jsonl.gz"
-    )
-    quick_routers = (
-        "round_robin",
-        "least_load",
-        "composed",
-        "vllm-router cache_aware",
-        "sglang-router cache_aware",
-    )
+    data = Path(a.data_dir) if a.data_dir else default_data_dir()
+    default_trace = {
+        "experts": data / "router_quality" / "routerbench_0shot_mbpp_test.csv.gz",
+        "moe": data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz",
+    }.get(a.pool, data / "mooncake" / "conversation_trace.jsonl.gz")
+    trace = Path(a.trace) if a.trace else default_trace
+    mine = [n for n, r in ROUTERS.items() if a.pool in r.pools]
+    quick_routers = [
+        n for n in ("round_robin", "least_load", "composed", "vllm-router cache_aware") if n in mine
+    ] + [n for n in mine if ROUTERS[n].pools == {a.pool}][:2]
     if a.routers:
         routers = tuple(r.strip() for r in a.routers.split(","))
     else:
-        routers = quick_routers if a.quick else tuple(ROUTERS)
+        routers = tuple(quick_routers if a.quick else mine)
     settings = Settings(
         trace=trace,
         routers=routers,
@@ -170,7 +182,9 @@ def _live(a: argparse.Namespace) -> None:
         speedup=a.speedup,
         ttft_slo=a.ttft_slo,
         tpot_slo=a.tpot_slo,
+        pool=a.pool,
         capacity=a.capacity,
+        data_dir=data,
     )
     main(settings, a.json, a.quick, a.name)
 

@@ -1,14 +1,16 @@
 """`edgeroute bench live`: routers side by side on live traffic, same workers, same trace.
 
-Each router runs as its own process in front of a pool of emulated workers
-(heterogeneous profiles, prefix caches, KV memory), started afresh for every run so
-that no router inherits another's caches or queues. A trace (any Mooncake JSONL or
-Azure CSV file) is replayed at its own arrival times, compressed or stretched to a
+Each router runs as its own process in front of a pool of emulated workers (one of
+`live_pools.POOLS`: heterogeneous engines, quality experts, MoE workers, or a
+prefill/decode pool), started afresh for every run so that no router inherits
+another's caches or queues. A trace (any Mooncake JSONL, Azure CSV or RouterBench
+prompt-set file) is replayed at its own arrival times, compressed or stretched to a
 load level, `--speedup` times faster than real time on both sides: the workers run
 their clocks that much faster and the client sends that much sooner. Every request is
 a streamed chat completion whose prompt is built from the trace's block hashes (the
 same hash, the same text: prefix caches hit as they would) and whose `max_tokens`,
-with vLLM's `ignore_eos`, is the trace's output length.
+with vLLM's `ignore_eos`, is the trace's output length; a prompt set's real prompts are
+sent as they are and answered at the model's own length.
 
 Load levels are fractions of the pool's capacity, measured first in the same run: the
 completions per second of a closed loop that keeps every worker's KV memory busy.
@@ -19,7 +21,9 @@ no worker can hold is `unservable` and counted apart), or failed. Per run: goodp
 (served requests meeting both SLOs, per second), SLO attainment, the workers'
 prefix-cache hit rate, load imbalance (coefficient of variation of requests per
 worker), the router's CPU per request, and the workers' worst lag behind their
-clocks (the time-scaling error). Intervals are 95% over seeds; the seed moves the
+clocks (the time-scaling error). On the experts pool also the answers' mean quality
+score and QoS (score times [mean inter-token latency <= the TPOT SLO], 0 for a shed
+or failed request), as in the QoS paper's eq. 1. Intervals are 95% over seeds; the seed moves the
 arrival jitter, the trace stays the same.
 """
 
@@ -46,6 +50,7 @@ from typing import Any
 import httpx
 import yaml
 
+from edgeroute.bench.live_pools import MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
@@ -53,10 +58,7 @@ from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from gateway.promtext import read_samples
 from workers.profiles import PROFILES
 
-MODEL = "live"
 PEERS = Path(os.environ.get("PEERS", "/tmp/peers"))
-# Heterogeneous on purpose: a router that ignores load or memory pays for it.
-POOL = ("mistral-7b-chat", "WizardLM-13B-V1.2", "mixtral-8x7b-chat", "llama-2-70b-chat")
 # Requests outside the trace's own traffic must not reach the internet (sglang-router
 # tries to fetch a tokenizer): proxies point at a closed local port.
 OFFLINE = {
@@ -69,6 +71,9 @@ OFFLINE = {
 }
 
 
+WHOLE = frozenset({"mixed", "experts", "moe"})  # pools that serve whole requests
+
+
 @dataclass(frozen=True)
 class Router:
     """One router under test: ours with a routing spec, or a peer with its policy."""
@@ -76,6 +81,8 @@ class Router:
     name: str
     kind: str  # "edgeroute", "vllm-router" or "sglang-router"
     policy: Any  # edgeroute: a routing spec (mapping); a peer: its --policy
+    pools: frozenset[str] = WHOLE  # the pools it can route
+    slot: str = "default"  # edgeroute: which routing entry the spec fills
 
 
 # The llm-d endpoint picker's default profile (queue 2, KV utilisation 2, prefix 3,
@@ -113,6 +120,16 @@ ROUTERS = {
         Router("vllm-router power_of_two", "vllm-router", "power_of_two"),
         Router("vllm-router cache_aware", "vllm-router", "cache_aware"),
         Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
+        Router("qos_drl", "edgeroute", {"policy": "qos_drl"}, frozenset({"experts"})),
+        Router("prism", "edgeroute", {"policy": "prism"}, frozenset({"moe"})),
+        *(
+            Router(name, "edgeroute", {"policy": name}, frozenset({"pd"}), "decode")
+            for name in ("netkv_full", "decode_rr", "decode_la", "decode_cla")
+        ),
+        *(
+            Router(f"vllm-router pd {p}", "vllm-router", p, frozenset({"pd"}))
+            for p in ("round_robin", "power_of_two", "cache_aware")
+        ),
     )
 }
 
@@ -127,20 +144,26 @@ class Settings:
     speedup: float
     ttft_slo: float  # emulated seconds
     tpot_slo: float
-    workers: tuple[str, ...] = POOL
+    pool: str = "mixed"
     capacity: float | None = None  # completions/s to take as 100%; None: measure it
+    data_dir: Path | None = None  # the quality data, for the experts and MoE pools
+
+    @property
+    def workers(self) -> Pool:
+        return POOLS[self.pool]
 
 
 @dataclass
 class Result:
     """One request as the client saw it (times in emulated seconds)."""
 
-    status: str  # "ok", "refused", "unservable" or "failed"
+    status: str  # "ok", "refused", "unservable", "shed" (429/503) or "failed"
     ttft: float = math.nan
     itl: float = math.nan
     e2e: float = math.nan
     tokens: int = 0
     detail: str = ""
+    score: float = math.nan  # the worker's emulated quality score, when it has one
 
 
 def free_ports(count: int) -> list[int]:
@@ -178,52 +201,38 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def pool(profiles: Sequence[str], speedup: float) -> Iterator[list[str]]:
+def workers(kind: Pool, speedup: float, data_dir: Path | None) -> Iterator[list[str]]:
     """Fresh workers, one process each; yields their URLs."""
-    ports = free_ports(len(profiles))
-    procs = [
-        _spawn(
-            [
-                sys.executable,
-                "-m",
-                "edgeroute.cli",
-                "worker",
-                "--profile",
-                profile,
-                "--port",
-                str(port),
-                "--speedup",
-                str(speedup),
-                "--served-model-name",
-                MODEL,
-                "--log-level",
-                "WARNING",
-                "--plain-logs",
-            ]
-        )
-        for profile, port in zip(profiles, ports, strict=True)
-    ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url + "/health", 60.0, proc)
-        yield urls
-    finally:
-        for proc in procs:
-            _stop(proc)
+    ports = free_ports(len(kind.members))
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            _spawn(kind.worker_command(i, port, speedup, Path(tmp), data_dir))
+            for i, port in enumerate(ports)
+        ]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        try:
+            for url, proc in zip(urls, procs, strict=True):
+                wait_ready(url + "/health", 60.0, proc)
+            yield urls
+        finally:
+            for proc in procs:
+                _stop(proc)
 
 
-def router_command(router: Router, urls: list[str], port: int, folder: Path) -> list[str]:
+def router_command(
+    router: Router, kind: Pool, urls: list[str], port: int, folder: Path
+) -> list[str]:
     if router.kind == "edgeroute":
         config = folder / "gateway.yaml"
         config.write_text(
             yaml.safe_dump(
                 {
-                    "backends": [{"url": u, "id": f"w{i}"} for i, u in enumerate(urls)],
-                    "routing": {"default": router.policy},
+                    "backends": kind.backends(urls),
+                    "routing": {router.slot: router.policy},
                     "log_level": "WARNING",
                     "max_inflight": 0,
                     "timeouts": {"first_byte": 600, "response": 600, "idle": 120},
+                    **kind.gateway_settings(),
                 }
             )
         )
@@ -251,8 +260,7 @@ def router_command(router: Router, urls: list[str], port: int, folder: Path) -> 
         "127.0.0.1",
         "--port",
         str(port),
-        "--worker-urls",
-        *urls,
+        *kind.peer_workers(urls, router.kind),
         "--policy",
         str(router.policy),
         "--prometheus-host",
@@ -263,11 +271,11 @@ def router_command(router: Router, urls: list[str], port: int, folder: Path) -> 
 
 
 @contextmanager
-def running(router: Router, urls: list[str]) -> Iterator[tuple[str, int]]:
+def running(router: Router, kind: Pool, urls: list[str]) -> Iterator[tuple[str, int]]:
     """The router in front of `urls`; yields its URL and process id."""
     port = free_ports(1)[0]
     with tempfile.TemporaryDirectory() as tmp:
-        proc = _spawn(router_command(router, urls, port, Path(tmp)))
+        proc = _spawn(router_command(router, kind, urls, port, Path(tmp)))
         url = f"http://127.0.0.1:{port}"
         try:
             health = "/readyz" if router.kind == "edgeroute" else "/health"
@@ -279,7 +287,7 @@ def running(router: Router, urls: list[str]) -> Iterator[tuple[str, int]]:
 
 def fits(req: TraceRequest, profiles: Sequence[str]) -> bool:
     """Can any worker of the pool hold this request (context and KV memory)?"""
-    need = req.input_len + req.output_len
+    need = req.input_len + max(1, req.output_len)
     for name in profiles:
         p = PROFILES[name]
         if need <= p.max_model_len and p.blocks_for(need) <= p.kv_blocks:
@@ -287,32 +295,59 @@ def fits(req: TraceRequest, profiles: Sequence[str]) -> bool:
     return False
 
 
-def body_for(req: TraceRequest, index: int) -> dict[str, Any]:
-    return {
+def body_for(req: TraceRequest, index: int, kind: Pool) -> dict[str, Any]:
+    """The request as sent: the trace's own prompt, or one built from its blocks with
+    the trace's output length; on a pool with task classes, the class (in OpenAI's
+    `metadata`, which every router forwards)."""
+    body: dict[str, Any] = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": prompt_for(req, index)}],
-        "max_tokens": max(1, req.output_len),
-        "ignore_eos": True,
+        "messages": [{"role": "user", "content": req.prompt or prompt_for(req, index)}],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if req.output_len > 0:
+        body["max_tokens"] = req.output_len
+        body["ignore_eos"] = True
+    if kind.tasks:
+        body["metadata"] = {"task": task_of(index, kind)}
+    return body
+
+
+def task_of(index: int, kind: Pool) -> str:
+    """The class of the trace's `index`th request: fixed by the index, not the seed."""
+    return random.Random(index).choice(kind.tasks)
+
+
+def headers_for(index: int, kind: Pool) -> dict[str, str]:
+    """Our gateway reads the class from its header (peers get it in the body only)."""
+    return {"x-edgeroute-task": task_of(index, kind)} if kind.tasks else {}
 
 
 async def one(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], speedup: float, servable: bool
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    speedup: float,
+    servable: bool,
+    headers: dict[str, str] | None = None,
 ) -> Result:
     t0 = time.perf_counter()
     first: float | None = None
     last = t0
     tokens = 0
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode("utf-8", "replace")
                 kind = "failed"
                 if r.status_code == 400 and ("context length" in text or "KV cache" in text):
                     kind = "refused" if servable else "unservable"
+                elif r.status_code in (429, 503):
+                    kind = "shed"
                 return Result(kind, detail=f"{r.status_code}: {text[:160]}")
+            score = float(r.headers.get("x-emulated-score", "nan"))
             async for chunk in r.aiter_bytes():
                 now = time.perf_counter()
                 if first is None and b'"content"' in chunk:
@@ -326,7 +361,7 @@ async def one(
         return Result("failed", detail="no token in the stream")
     ttft = (first - t0) * speedup
     itl = (last - first) * speedup / (tokens - 1) if tokens > 1 else 0.0
-    return Result("ok", ttft, itl, (last - t0) * speedup, tokens)
+    return Result("ok", ttft, itl, (last - t0) * speedup, tokens, score=score)
 
 
 def _completion_tokens(chunk: bytes) -> int:
@@ -343,10 +378,7 @@ def _completion_tokens(chunk: bytes) -> int:
 
 
 async def replay(
-    url: str,
-    requests: list[tuple[float, TraceRequest]],
-    speedup: float,
-    profiles: Sequence[str],
+    url: str, requests: list[tuple[float, TraceRequest]], speedup: float, kind: Pool
 ) -> list[Result]:
     """Send each request at its (emulated) time; the same prompts for every router."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -358,13 +390,15 @@ async def replay(
             delay = start + t / speedup - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            return await one(client, url, body_for(req, index), speedup, fits(req, profiles))
+            body = body_for(req, index, kind)
+            servable = fits(req, kind.profiles)
+            return await one(client, url, body, speedup, servable, headers_for(index, kind))
 
         return await asyncio.gather(*(at(t, r, i) for i, (t, r) in enumerate(requests)))
 
 
 async def closed_loop(
-    url: str, trace: list[TraceRequest], clients: int, seconds: float, speedup: float
+    url: str, trace: list[TraceRequest], clients: int, seconds: float, speedup: float, kind: Pool
 ) -> float:
     """Completions per emulated second with `clients` always waiting on one, counted
     after the first third of the run (the pool filling up is not its capacity)."""
@@ -381,7 +415,9 @@ async def closed_loop(
             for i, req in queue:
                 if time.perf_counter() >= deadline:
                     return
-                if (await one(client, url, body_for(req, i), speedup, True)).status == "ok":
+                body = body_for(req, i, kind)
+                result = await one(client, url, body, speedup, True, headers_for(i, kind))
+                if result.status == "ok":
                     done.append(time.perf_counter())
 
         await asyncio.gather(*(loop() for _ in range(clients)))
@@ -451,28 +487,40 @@ class Run:
 
 
 def measure_capacity(s: Settings, trace: list[TraceRequest]) -> float:
-    servable = [r for r in trace if fits(r, s.workers)]
-    with pool(s.workers, s.speedup) as urls, running(ROUTERS["least_load"], urls) as (url, _):
+    kind = s.workers
+    servable = [r for r in trace if fits(r, kind.profiles)]
+    with (
+        workers(kind, s.speedup, s.data_dir) as urls,
+        running(ROUTERS[kind.capacity_router], kind, urls) as (url, _),
+    ):
         # Enough clients to keep every worker's KV memory full.
-        mean = statistics.fmean(r.input_len + r.output_len for r in servable) if servable else 1
+        mean = (
+            statistics.fmean(r.input_len + max(r.output_len, 256) for r in servable)
+            if servable
+            else 1
+        )
         clients = max(
             len(urls),
             sum(
                 PROFILES[p].kv_blocks * PROFILES[p].block_size // max(1, int(mean))
-                for p in s.workers
+                for p in kind.profiles
             ),
         )
-        return asyncio.run(closed_loop(url, servable, clients, 2 * s.seconds, s.speedup))
+        return asyncio.run(closed_loop(url, servable, clients, 2 * s.seconds, s.speedup, kind))
 
 
 def run_one(
     s: Settings, router: Router, load: float, seed: int, capacity: float, trace: list[TraceRequest]
 ) -> Run:
     reqs = arrivals(trace, load * capacity, s.seconds, seed)
-    with pool(s.workers, s.speedup) as urls, running(router, urls) as (url, pid):
+    kind = s.workers
+    with (
+        workers(kind, s.speedup, s.data_dir) as urls,
+        running(router, kind, urls) as (url, pid),
+    ):
         before = workers_state(urls)
         cpu0 = cpu_seconds(pid)
-        results = asyncio.run(replay(url, reqs, s.speedup, s.workers))
+        results = asyncio.run(replay(url, reqs, s.speedup, kind))
         cpu = cpu_seconds(pid) - cpu0
         after = workers_state(urls)
     queries = after["queries"] - before["queries"]
@@ -492,6 +540,11 @@ def summarize(run: Run, s: Settings) -> dict[str, Any]:
     good = [r for r in ok if r.ttft <= s.ttft_slo and r.itl <= s.tpot_slo]
     counted = [r for r in run.results if r.status != "unservable"]
     ttfts = sorted(r.ttft for r in ok)
+    scored = [r for r in ok if not math.isnan(r.score)]
+    qos = [
+        r.score * (r.itl <= s.tpot_slo) if r.status == "ok" and not math.isnan(r.score) else 0.0
+        for r in counted
+    ]
     return {
         "router": run.router,
         "load": run.load,
@@ -500,6 +553,7 @@ def summarize(run: Run, s: Settings) -> dict[str, Any]:
         "served": len(ok),
         "refused": sum(r.status == "refused" for r in run.results),
         "unservable": sum(r.status == "unservable" for r in run.results),
+        "shed": sum(r.status == "shed" for r in run.results),
         "failed": sum(r.status == "failed" for r in run.results),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else math.nan,
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else math.nan,
@@ -507,6 +561,8 @@ def summarize(run: Run, s: Settings) -> dict[str, Any]:
         # Per second of offered traffic (the arrival window), the same for every router.
         "goodput_rps": len(good) / s.seconds,
         "slo_attainment": len(good) / len(counted) if counted else math.nan,
+        "quality": statistics.fmean(r.score for r in scored) if scored else math.nan,
+        "qos": statistics.fmean(qos) if scored and qos else math.nan,
         "hit_rate": run.workers.get("hit_rate", 0.0),
         "imbalance_cv": run.workers.get("imbalance", 0.0),
         "router_cpu_us": run.cpu_us,
@@ -537,6 +593,8 @@ METRICS = (
     "itl_mean_ms",
     "goodput_rps",
     "slo_attainment",
+    "quality",
+    "qos",
     "hit_rate",
     "imbalance_cv",
     "router_cpu_us",
@@ -553,7 +611,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mean, half = interval([r[m] for r in mine])
             row[m] = f"{mean:.3g} ± {half:.2g}" if not math.isnan(mean) else "n/a"
             row[m + "_mean"] = mean
-        for k in ("requests", "served", "refused", "unservable", "failed"):
+        for k in ("requests", "served", "refused", "unservable", "shed", "failed"):
             row[k] = sum(r[k] for r in mine)
         row["worker_lag_s"] = max(r["worker_lag_s"] for r in mine)
         out.append(row)
@@ -601,11 +659,17 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
     unknown = [r for r in s.routers if r not in ROUTERS]
     if unknown:
         raise ValueError(f"unknown routers {unknown}; known: {sorted(ROUTERS)}")
+    if s.pool not in POOLS:
+        raise ValueError(f"unknown pool {s.pool!r}; known: {sorted(POOLS)}")
+    elsewhere = [r for r in s.routers if s.pool not in ROUTERS[r].pools]
+    if elsewhere:
+        fit = sorted(n for n, r in ROUTERS.items() if s.pool in r.pools)
+        raise ValueError(f"routers {elsewhere} do not route the {s.pool} pool; these do: {fit}")
     if not trace_all:
         raise ValueError(f"{s.trace}: the trace has no requests")
     # Enough requests for the longest run at the highest load, measured or guessed high.
     probe = window(trace_all, 2000)
-    servable = sum(fits(r, s.workers) for r in probe)
+    servable = sum(fits(r, s.workers.profiles) for r in probe)
     span = trace_all[-1].t - trace_all[0].t
     print(
         f"trace {s.trace.name}: {len(trace_all)} requests over {span:.0f} s; of a window of "
@@ -654,7 +718,10 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
     comparisons = []
     for load in s.loads:
         at = [r for r in table if r["load"] == load]
-        for metric, better in (("ttft_mean_s", min), ("goodput_rps", max)):
+        compared = [("ttft_mean_s", min), ("goodput_rps", max)]
+        if s.workers.quality:
+            compared.append(("qos", max))
+        for metric, better in compared:
             candidates = [
                 r for r in at if r["router"] in peers and not math.isnan(r[metric + "_mean"])
             ]
@@ -676,31 +743,43 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
                 }
             )
     notes = (
-        f"Trace `{s.trace.name}`; pool {', '.join(s.workers)} (one emulated worker each); "
+        f"Trace `{s.trace.name}`; pool `{s.pool}`: {s.workers.notes}; "
         f"speedup {s.speedup:g}; {s.seconds:g} emulated s of arrivals per run; seeds "
         f"{list(s.seeds)}; capacity {capacity:.3f}/s "
         + (
             "(given with --capacity)"
             if s.capacity is not None
-            else "measured by a closed loop through least_load"
+            else f"measured by a closed loop through {s.workers.capacity_router}"
         )
         + f". SLOs: TTFT <= {s.ttft_slo:g} s and mean inter-token latency <= "
         f"{s.tpot_slo * 1000:g} ms (emulated). Values: mean ± 95% half-width over seeds. "
-        "`refused`: sent to a worker that cannot hold it; `unservable`: no worker can. "
+        "`refused`: sent to a worker that cannot hold it; `unservable`: no worker can; "
+        "`shed`: answered 429/503 by the router. "
         "`worker_lag_s`: the workers' worst lag behind their clocks (the time-scaling "
         "error). The llm-d row is a re-creation of its default scoring with our scorers.\n\n"
         "## Best of ours against the best peer (paired by seed)\n\n"
-        + ("\n".join(str(c) for c in comparisons) if comparisons else "(no peer ran)")
+        + (
+            "| load | metric | best of ours | best peer | ours - peer |\n|---|---|---|---|---|\n"
+            + "\n".join(
+                f"| {c['load']:g} | {c['metric']} | {c['best_ours']} | {c['best_peer']} | "
+                f"{c['ours_minus_peer']} |"
+                for c in comparisons
+            )
+            if comparisons
+            else "(no peer ran)"
+        )
     )
+    shown = [m for m in METRICS if s.workers.quality or m not in ("quality", "qos")]
     columns = [
         "load",
         "router",
         "seeds",
-        *METRICS,
+        *shown,
         "requests",
         "served",
         "refused",
         "unservable",
+        "shed",
         "failed",
         "worker_lag_s",
     ]
@@ -709,6 +788,7 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
         {
             "command": "edgeroute bench live" + (" --quick" if quick else ""),
             "trace": s.trace.name,
+            "pool": s.pool,
             "routers": list(s.routers),
             "loads": list(s.loads),
             "seeds": list(s.seeds),

@@ -1,10 +1,15 @@
-"""Request traces, in any file of two public formats (optionally gzipped):
+"""Request traces, in any file of three public formats (optionally gzipped):
 
 - Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length` and `hash_ids`,
   one per 512-token block; the same hash is the same block of prompt, so prefix
   caches can hit;
 - the Azure LLM inference CSV: `TIMESTAMP`, `ContextTokens`, `GeneratedTokens`; no
-  block hashes, so every prompt is its own.
+  block hashes, so every prompt is its own;
+- a RouterBench-style prompt set (CSV with `prompt` and `eval_name` columns, the
+  prompt as a Python list literal or plain text): real prompts and their task, no
+  times and no output lengths. Arrivals are a Poisson process at one per second,
+  drawn once (the same for every reader), and the output length is the answering
+  model's own (`output_len` 0).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class TraceRequest:
     input_len: int
     output_len: int
     hash_ids: tuple[int, ...]
+    prompt: str = ""  # the real prompt, when the trace has one
+    task: str = ""
 
 
 def read_trace(path: Path) -> list[TraceRequest]:
@@ -38,7 +45,40 @@ def read_trace(path: Path) -> list[TraceRequest]:
         return read_mooncake(path)
     if "ContextTokens" in first:
         return read_azure(path)
-    raise ValueError(f"{path}: neither a Mooncake JSONL nor an Azure CSV trace")
+    columns = set(first.split(","))
+    if {"prompt", "eval_name"} <= columns:
+        return read_prompt_set(path)
+    raise ValueError(
+        f"{path}: neither a Mooncake JSONL, an Azure CSV trace nor a RouterBench prompt set"
+    )
+
+
+def read_prompt_set(path: Path) -> list[TraceRequest]:
+    from policies.text import estimate_tokens
+    from workers.quality import literal_text
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    csv.field_size_limit(1 << 30)
+    rng = random.Random(0)
+    out = []
+    t = 0.0
+    with opener(path, "rt", newline="") as fh:
+        for row in csv.DictReader(fh):
+            prompt = literal_text(row["prompt"])
+            if not prompt:
+                continue
+            out.append(
+                TraceRequest(
+                    t,
+                    estimate_tokens(prompt),
+                    0,
+                    (),
+                    prompt=prompt,
+                    task=row.get("eval_name") or "",
+                )
+            )
+            t += rng.expovariate(1.0)
+    return out
 
 
 def read_azure(path: Path) -> list[TraceRequest]:

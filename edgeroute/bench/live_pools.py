@@ -1,0 +1,234 @@
+"""The worker pools `bench live` routes over, and what each needs to be set up.
+
+- `mixed`: four engines of different speeds and KV memory, whole requests.
+- `experts`: RouterBench's six open models, each answering with its own real score and
+  length for the prompts in the quality data (for quality-aware routing: `qos_drl`).
+- `moe`: four Mixtral workers in MoE mode, each hosting half of every layer's experts
+  (every expert on two workers, in a layout that rotates with the layer); the rest are
+  remote calls. Requests carry a task class whose measured per-layer activation
+  frequencies drive the experts used (for `prism`).
+- `pd`: prefill/decode disaggregation, two prefill and four decode instances in a
+  three-pod topology where no decode instance shares a prefill instance's rack; KV
+  caches cross the emulated network into the decode instance (for NetKV and
+  vllm-router's PD mode).
+
+A pool yields the worker commands, the gateway's backend entries and extra settings,
+and a peer router's worker arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workers.profiles import EXPERTS, PROFILES
+
+MODEL = "live"
+WORKER_TOKEN = "live-bench-worker"  # the MoE workers' admin token, for Prism's pushes
+
+
+@dataclass(frozen=True)
+class Member:
+    """One emulated worker of a pool."""
+
+    profile: str
+    role: str = "both"  # "both", "prefill" or "decode"
+    name: str = ""  # its instance id (and backend id); empty: w<index>
+    hosted: tuple[tuple[int, int], ...] = ()  # MoE mode: the (layer, expert) it hosts
+
+
+def _rotating_halves(
+    workers: int, layers: int = 32, experts: int = 8
+) -> list[list[tuple[int, int]]]:
+    """Each worker hosts half of every layer's experts; each expert lives on two workers,
+    and which ones rotates with the layer, so no worker is local for a whole class."""
+    half = experts // 2
+    out: list[list[tuple[int, int]]] = [[] for _ in range(workers)]
+    for layer in range(layers):
+        for w in range(workers):
+            start = (layer * 3 + w * (experts // workers)) % experts
+            out[w].extend((layer, (start + k) % experts) for k in range(half))
+    return out
+
+
+# Two prefill racks without decode instances; decode racks in the same two pods and in a
+# third pod, so a transfer crosses the pod or the cluster tier, never stays in a rack.
+PD_TOPOLOGY: dict[str, Any] = {
+    "instances": {
+        "p0": {"node": "n0", "rack": "r0", "pod": "a"},
+        "p1": {"node": "n1", "rack": "r2", "pod": "b"},
+        "d0": {"node": "n2", "rack": "r1", "pod": "a"},
+        "d1": {"node": "n3", "rack": "r1", "pod": "a"},
+        "d2": {"node": "n4", "rack": "r3", "pod": "b"},
+        "d3": {"node": "n5", "rack": "r4", "pod": "c"},
+    },
+    # Gbps and microseconds, the oracle's units; congestion as a share of the tier.
+    "tier_bandwidth": {"node": 3200.0, "rack": 100.0, "pod": 50.0, "cluster": 12.5},
+    "tier_latency": {"node": 1.0, "rack": 5.0, "pod": 10.0, "cluster": 20.0},
+    "congestion": {"pod": 0.5},
+}
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    members: tuple[Member, ...]
+    capacity_router: str  # the router the pool's capacity is measured through
+    tasks: tuple[str, ...] = ()  # request classes, drawn per request (MoE)
+    topology: dict[str, Any] | None = None  # disaggregated pools
+    quality: bool = False  # the workers answer with the data's real scores
+    notes: str = ""
+    extra_settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def profiles(self) -> list[str]:
+        return [m.profile for m in self.members]
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.topology is not None
+
+    def ids(self) -> list[str]:
+        return [m.name or f"w{i}" for i, m in enumerate(self.members)]
+
+    def worker_command(
+        self, i: int, port: int, speedup: float, folder: Path, data_dir: Path | None
+    ) -> list[str]:
+        m = self.members[i]
+        names = [MODEL, m.profile] if self.quality else [MODEL]
+        cmd = [
+            sys.executable,
+            "-m",
+            "edgeroute.cli",
+            "worker",
+            "--profile",
+            m.profile,
+            "--port",
+            str(port),
+            "--speedup",
+            str(speedup),
+            "--log-level",
+            "WARNING",
+            "--plain-logs",
+        ]
+        for name in names:
+            cmd += ["--served-model-name", name]
+        if data_dir is not None:
+            cmd += ["--data-dir", str(data_dir)]
+        if self.topology is not None:
+            path = folder / "topology.yaml"
+            path.write_text(yaml.safe_dump(self.topology))
+            cmd += ["--role", m.role, "--instance-id", self.ids()[i], "--topology", str(path)]
+        if m.hosted:
+            path = folder / f"moe-{i}.yaml"
+            path.write_text(yaml.safe_dump({"hosted": [list(h) for h in m.hosted]}))
+            cmd += ["--moe", str(path), "--admin-token", WORKER_TOKEN]
+        return cmd
+
+    def backends(self, urls: Sequence[str]) -> list[dict[str, Any]]:
+        out = []
+        for m, url, bid in zip(self.members, urls, self.ids(), strict=True):
+            entry: dict[str, Any] = {"url": url, "id": bid}
+            if self.topology is not None:
+                entry["role"] = m.role
+                entry["profile"] = {"kv_bytes_per_token": PROFILES[m.profile].kv_bytes_per_token}
+            if m.hosted:
+                entry["moe"] = {
+                    "gpu_memory_gb": [len(m.hosted) * 0.35],
+                    "expert_gb": 0.35,
+                    "io_gbps": [2.0],
+                    "admin_token": WORKER_TOKEN,
+                }
+            out.append(entry)
+        return out
+
+    def gateway_settings(self) -> dict[str, Any]:
+        extra = dict(self.extra_settings)
+        if self.topology is not None:
+            extra["oracle"] = self.topology
+        return extra
+
+    def peer_workers(self, urls: Sequence[str], kind: str) -> list[str]:
+        """A peer router's arguments naming the workers."""
+        if self.topology is None:
+            return ["--worker-urls", *urls]
+        if kind != "vllm-router":
+            raise ValueError(f"{kind} has no prefill/decode mode here")
+        args = ["--vllm-pd-disaggregation"]
+        for m, url in zip(self.members, urls, strict=True):
+            args += ["--prefill" if m.role == "prefill" else "--decode", url]
+        return args
+
+
+_HALVES = _rotating_halves(4)
+
+POOLS = {
+    p.name: p
+    for p in (
+        Pool(
+            "mixed",
+            tuple(
+                Member(p)
+                for p in (
+                    "mistral-7b-chat",
+                    "WizardLM-13B-V1.2",
+                    "mixtral-8x7b-chat",
+                    "llama-2-70b-chat",
+                )
+            ),
+            capacity_router="least_load",
+            notes="four engines of different speeds and KV memory, one worker each",
+        ),
+        Pool(
+            "experts",
+            tuple(Member(p) for p in EXPERTS),
+            capacity_router="least_load",
+            quality=True,
+            notes=(
+                "RouterBench's six open models, one worker each, answering every prompt of "
+                "the quality data with that model's real score and length"
+            ),
+        ),
+        Pool(
+            "moe",
+            tuple(Member("mixtral-8x7b-chat", hosted=tuple(h)) for h in _HALVES),
+            capacity_router="least_load",
+            tasks=("gsm8k", "humaneval"),
+            notes=(
+                "four Mixtral workers in MoE mode, each hosting half of every layer's "
+                "experts (each expert on two workers, rotating with the layer); task "
+                "classes gsm8k and humaneval drawn per request, their tokens' experts "
+                "drawn independently from the measured per-layer frequencies "
+                "(synthetic per-token selections)"
+            ),
+            extra_settings={"prism_replan_seconds": 5.0},  # wall seconds: often, time-scaled
+        ),
+        Pool(
+            "pd",
+            tuple(
+                Member("mistral-7b-chat", role, name)
+                for name, role in (
+                    ("p0", "prefill"),
+                    ("p1", "prefill"),
+                    ("d0", "decode"),
+                    ("d1", "decode"),
+                    ("d2", "decode"),
+                    ("d3", "decode"),
+                )
+            ),
+            capacity_router="decode_la",
+            topology=PD_TOPOLOGY,
+            notes=(
+                "two prefill and four decode mistral-7b workers; no decode instance in a "
+                "prefill rack; the pod tier 50% congested. The workers' emulated network "
+                "is the topology the oracle is given (the same file): NetKV's model is "
+                "the physics here, as #20 says"
+            ),
+        ),
+    )
+}
