@@ -53,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ab.add_argument("--name", default="overhead_ab", help="the results files' name")
     ab.add_argument("--json", help="also write the results as JSON here")
     ab.set_defaults(func=lambda a: _overhead_ab(a))
-    n = command("netkv", help="NetKV's experiments 1, 3, 4 and 6 on the simulator")
+    n = command("netkv", help="NetKV's experiments 1, 2, 3, 4 and 6 on the simulator")
     common(n)
+    n.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
     n.add_argument(
         "--profile",
@@ -216,7 +217,7 @@ def _capacity(a: argparse.Namespace) -> None:
 def _netkv(a: argparse.Namespace) -> None:
     from edgeroute.bench.netkv import main
 
-    main(a.quick, a.seed, a.json, a.trace, a.profile)
+    main(a.quick, a.seed, a.json, a.trace, a.profile, a.seeds)
 
 
 def _qos(a: argparse.Namespace) -> None:

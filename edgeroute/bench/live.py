@@ -53,6 +53,7 @@ import yaml
 from edgeroute.bench.live_pools import MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds
 from edgeroute.bench.overhead import wait_ready
+from edgeroute.bench.stats import interval
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from gateway.promtext import read_samples
@@ -571,22 +572,6 @@ def summarize(run: Run, s: Settings) -> dict[str, Any]:
     }
 
 
-# Two-sided 95% Student t quantiles for n-1 degrees of freedom.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% interval (0 for one value)."""
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return math.nan, math.nan
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    t = _T95.get(len(values) - 1, 1.96)
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
-
-
 METRICS = (
     "ttft_mean_s",
     "ttft_p99_s",
@@ -655,7 +640,6 @@ def plot_cdfs(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
-    trace_all = read_trace(s.trace)
     unknown = [r for r in s.routers if r not in ROUTERS]
     if unknown:
         raise ValueError(f"unknown routers {unknown}; known: {sorted(ROUTERS)}")
@@ -665,6 +649,7 @@ def main(s: Settings, json_path: str | None, quick: bool, name: str) -> None:
     if elsewhere:
         fit = sorted(n for n, r in ROUTERS.items() if s.pool in r.pools)
         raise ValueError(f"routers {elsewhere} do not route the {s.pool} pool; these do: {fit}")
+    trace_all = read_trace(s.trace)
     if not trace_all:
         raise ValueError(f"{s.trace}: the trace has no requests")
     # Enough requests for the longest run at the highest load, measured or guessed high.

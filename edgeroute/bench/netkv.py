@@ -1,149 +1,216 @@
 """NetKV's experiments on the fat-tree simulator: `edgeroute bench netkv`.
 
-Reproduces the NetKV paper's experiments 1 (load sweep), 3 (oversubscription x
-background), 4 (oracle staleness) and 6 (ablation ladder) on a Mooncake-format
-trace, for RR, LA, CA, CLA* (weights tuned by grid search at 80% load on a slice
-of the trace disjoint from the measured one), NetKV-static and NetKV-full; the
-ladder adds NetKV topology-only. Every number is a mean over seeds; each seed
-starts the measured arrivals at a different point of the trace.
+Experiments 1 (load sweep), 2 (fixed input lengths), 3 (oversubscription x
+background), 4 (telemetry period) and 6 (ablation ladder) of the NetKV paper, on a
+Mooncake-format trace, on a network the oracle does not define (`sim.cluster`): links
+with capacities of their own and no per-flow tier caps, uneven and moving background
+with elephant flows, and an oracle fed by delayed, noisy per-tier telemetry.
+
+Statistics: each point is `--seeds` runs (default 5) of 120 simulated seconds after
+a warm-up; a seed moves the trace window, the world's randomness (background,
+elephants, telemetry noise) and the tie-breaks, and is the same for every policy, so
+policies are compared paired by seed. Values are means with 95% intervals. 100% load
+is measured, per network: the highest rate at which least-loaded placement meets the
+TTFT SLO for 90% of requests. Every decode policy breaks ties within the same epsilon.
+CLA is run at three cache weights; CLA* is the best of them at each point, on the
+measured runs themselves (the most favourable tuning a baseline can get).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgeroute.bench.stats import interval, shown
 from edgeroute.results_io import output_dir, save_figure, table, write
-from edgeroute.sim.cluster import Request, SimConfig, capacity, simulate
+from edgeroute.sim.cluster import Request, SimConfig, Simulator, attainment, capacity
 from edgeroute.sim.fattree import FatTreeConfig
-from edgeroute.sim.workload import PROFILES, read_trace, select
+from edgeroute.sim.workload import MOONCAKE_BLOCK, PROFILES, TraceRequest, read_trace, select
 from policies import PipelineSpec
 
-MEASURE_AT = 0.34  # measure from this fraction of the trace; tune CLA* before it
-CLA_GRID = tuple(round(0.1 * i, 1) for i in range(11))
+MEASURE_AT = 0.34  # the measured windows start this far into the trace
+EPSILON = 1e-4  # every decode policy's tie epsilon
+CLA_WEIGHTS = (0.2, 0.5, 0.8)
+BACKGROUND = 0.2  # the fabric's mean background utilisation, unless swept
+LENGTHS = (1024, 4096, 8192, 16384, 32768)
 
 
-def summarise(runs: list[list[Request]], slo: float) -> dict[str, Any]:
-    """Mean over seeds of each seed's statistics."""
-    per_seed = []
-    for reqs in runs:
-        done = [r for r in reqs if not r.rejected and r.first_token == r.first_token]
-        if not done:
-            continue  # a window the trace does not reach, or nothing served: no statistic
-        ttft = sorted(r.ttft for r in done)
-        tbts = [r.tbt for r in done if r.tbt == r.tbt]
-        tiers = {
-            t: sum(r.tier == t for r in done) / max(1, len(done))
-            for t in ("node", "rack", "pod", "cluster")
-        }
-        per_seed.append(
-            {
-                "ttft_mean_s": statistics.fmean(ttft),
-                "ttft_p50_s": ttft[len(ttft) // 2],
-                "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
-                "tbt_ms": statistics.fmean(tbts) * 1e3 if tbts else float("nan"),
-                "slo": sum(r.ttft <= slo for r in done) / max(1, len(reqs)),
-                "xfer_ms": statistics.fmean(r.transfer for r in done) * 1e3,
-                **{f"tier_{t}": v for t, v in tiers.items()},
-                "requests": len(reqs),
-            }
-        )
-    if not per_seed:
-        return {k: float("nan") for k in _EMPTY} | {"requests": 0, "seeds_measured": 0}
-    out = {k: statistics.fmean(s[k] for s in per_seed) for k in per_seed[0]}
-    out["ttft_mean_std_s"] = statistics.pstdev(s["ttft_mean_s"] for s in per_seed)
-    out["seeds_measured"] = len(per_seed)
-    return out
+def spec(policy: str, **scorers: float) -> PipelineSpec:
+    return PipelineSpec(policy=policy, scorers=scorers or None, tie_epsilon=EPSILON)
 
 
-# Each statistic of a point (NaN where nothing was measured).
-_EMPTY = (
-    "ttft_mean_s",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tbt_ms",
-    "slo",
-    "xfer_ms",
-    "tier_node",
-    "tier_rack",
-    "tier_pod",
-    "tier_cluster",
-    "ttft_mean_std_s",
-)
+def cla(w: float) -> PipelineSpec:
+    return spec("decode_cla", prefix_cache=w, load=round(1 - w, 3))
+
+
+SCHEDULERS: dict[str, PipelineSpec] = {
+    "RR": spec("decode_rr"),
+    "LA": spec("decode_la"),
+    "CA": spec("decode_ca"),
+    **{f"CLA w={w}": cla(w) for w in CLA_WEIGHTS},
+    "NetKV-topology": spec("netkv_topology"),
+    "NetKV-static": spec("netkv_static"),
+    "NetKV-full": spec("netkv_full"),
+}
+STATS = ("ttft_mean_s", "ttft_p99_s", "tbt_ms", "slo", "xfer_ms", "tier_pod", "tier_cluster")
+
+
+def per_seed(reqs: list[Request], slo: float, blocked: int) -> dict[str, float]:
+    """One run's statistics (NaN where nothing was served)."""
+    done = [r for r in reqs if not r.rejected and not math.isnan(r.first_token)]
+    if not done:
+        return {k: math.nan for k in STATS} | {"requests": len(reqs), "memory_blocked": blocked}
+    ttft = sorted(r.ttft for r in done)
+    tbts = [r.tbt for r in done if not math.isnan(r.tbt)]
+    return {
+        "ttft_mean_s": statistics.fmean(ttft),
+        "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
+        "tbt_ms": statistics.fmean(tbts) * 1e3 if tbts else math.nan,
+        "slo": attainment(reqs, slo),
+        "xfer_ms": statistics.fmean(r.transfer for r in done) * 1e3,
+        "tier_pod": sum(r.tier == "pod" for r in done) / len(done),
+        "tier_cluster": sum(r.tier == "cluster" for r in done) / len(done),
+        "requests": len(reqs),
+        "memory_blocked": blocked,
+    }
 
 
 class Runner:
+    """Runs points (policy x setting x seeds) and measures each network's capacity once."""
+
     def __init__(
         self,
-        trace: list[Any],
+        trace: list[TraceRequest],
         slo: float,
-        seeds: int,
+        seeds: Sequence[int],
         warmup: float,
         measure: float,
-        first_seed: int = 0,
+        progress: Callable[[str], None] = print,
     ) -> None:
-        self.trace, self.slo, self.seeds = trace, slo, seeds
+        self.trace, self.slo, self.seeds = trace, slo, list(seeds)
         self.warmup, self.measure = warmup, measure
-        self.first_seed = first_seed
+        self.progress = progress
         self.runs = 0
-        # Windows relative to the trace's own length (the shared trace's 1200 s of 3537
-        # is a third of the way in); each seed starts a further 1/12 of the way on.
         span = trace[-1].t - trace[0].t if trace else 0.0
-        self.tune_start = trace[0].t if trace else 0.0
-        self.measure_start = self.tune_start + MEASURE_AT * span
-        self.seed_step = span / 12
+        self.measure_start = trace[0].t + MEASURE_AT * span
+        self.seed_step = span / 12  # each seed's window starts a further 1/12 on
+        self._capacity: dict[FatTreeConfig, float] = {}
 
-    def run(
-        self,
-        spec: PipelineSpec,
-        load: float,
-        tree: FatTreeConfig | None = None,
-        start: float | None = None,
-        seeds: int | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
-        tree = tree or FatTreeConfig()
-        base = SimConfig(
-            spec,
+    def config(self, scheduler: PipelineSpec, tree: FatTreeConfig, **extra: Any) -> SimConfig:
+        return SimConfig(
+            scheduler,
             rate=1.0,
             tree=tree,
             warmup=self.warmup,
             measure=self.measure,
             slo_s=self.slo,
+            trace_start=self.measure_start,
             **extra,
         )
-        rate = capacity(self.trace, base) * load
-        start = self.measure_start if start is None else start
-        results = []
-        for i in range(seeds or self.seeds):
-            seed = self.first_seed + i
-            cfg = replace(base, rate=rate, seed=seed, trace_start=start + self.seed_step * i)
-            results.append(simulate(cfg, self.trace))
+
+    def capacity(self, tree: FatTreeConfig) -> float:
+        if tree not in self._capacity:
+            started = time.time()
+            base = replace(self.config(spec("decode_la"), tree), seed=self.seeds[0])
+            self._capacity[tree] = capacity(self.trace, base)
+            self.progress(
+                f"  capacity of {tree.oversubscription:g}:1, background {tree.background:.0%}: "
+                f"{self._capacity[tree]:.2f} requests/s ({time.time() - started:.0f} s)"
+            )
+        return self._capacity[tree]
+
+    def run(
+        self,
+        scheduler: PipelineSpec,
+        load: float,
+        tree: FatTreeConfig,
+        trace: list[TraceRequest] | None = None,
+        **extra: Any,
+    ) -> list[dict[str, float]]:
+        rate = self.capacity(tree) * load
+        out = []
+        for i, seed in enumerate(self.seeds):
+            cfg = replace(
+                self.config(scheduler, tree, **extra),
+                rate=rate,
+                seed=seed,
+                trace_start=self.measure_start + self.seed_step * i,
+            )
+            sim = Simulator(cfg, trace or self.trace)
+            out.append(per_seed(sim.run(), self.slo, sim.memory_blocked))
             self.runs += 1
-        return summarise(results, self.slo)
+        return out
 
 
-def tune_cla(runner: Runner) -> tuple[float, list[dict[str, Any]]]:
-    """CLA*: the cache weight with the lowest mean TTFT at 80% load on the tuning slice."""
-    rows = []
-    for w in CLA_GRID:
-        spec = PipelineSpec(policy="decode_cla", scorers={"prefix_cache": w, "load": 1 - w})
-        r = runner.run(spec, 0.8, start=runner.tune_start)
-        rows.append({"w_cache": w, "ttft_mean_s": r["ttft_mean_s"]})
-        print(f"  tune CLA*: w_cache={w:.1f} mean TTFT {r['ttft_mean_s']:.3f} s", flush=True)
-    best = min(rows, key=lambda r: r["ttft_mean_s"])
-    return float(best["w_cache"]), rows
+def point(setting: dict[str, Any], policy: str, seeds: list[dict[str, float]]) -> dict[str, Any]:
+    row: dict[str, Any] = {**setting, "policy": policy, "seeds": len(seeds)}
+    for k in STATS:
+        row[k] = shown([s[k] for s in seeds])
+        row[k + "_mean"] = interval([s[k] for s in seeds])[0]
+    row["requests"] = sum(int(s["requests"]) for s in seeds)
+    row["memory_blocked"] = sum(int(s["memory_blocked"]) for s in seeds)
+    row["_seeds"] = seeds
+    return row
 
 
-def gain(base: float, new: float) -> float:
-    return (base - new) / base * 100
+def with_cla_star(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adds CLA*: the CLA row with the lowest mean TTFT among its weights, per setting."""
+    out = []
+    for row in rows:
+        out.append(row)
+        if row["policy"] != f"CLA w={CLA_WEIGHTS[-1]}":
+            continue
+        mine = [
+            r for r in out if r["policy"].startswith("CLA w=") and r["setting"] == row["setting"]
+        ]
+        best = min(mine, key=lambda r: r["ttft_mean_s_mean"])
+        out.append({**best, "policy": f"CLA* (w={best['policy'][6:]})"})
+    return out
+
+
+def reduction(rows: list[dict[str, Any]], setting: str, base: str, new: str) -> str:
+    """Mean-TTFT reduction of `new` against `base`, in %, paired by seed."""
+    by = {r["policy"]: r["_seeds"] for r in rows if r["setting"] == setting}
+    base_name = next((p for p in by if p.startswith(base)), None)
+    if base_name is None or new not in by:
+        return "n/a"
+    pairs = zip(by[base_name], by[new], strict=True)
+    return shown([(b["ttft_mean_s"] - n["ttft_mean_s"]) / b["ttft_mean_s"] * 100 for b, n in pairs])
+
+
+def slo_gain(rows: list[dict[str, Any]], setting: str, base: str, new: str) -> str:
+    """SLO attainment of `new` minus `base`, percentage points, paired by seed."""
+    by = {r["policy"]: r["_seeds"] for r in rows if r["setting"] == setting}
+    base_name = next((p for p in by if p.startswith(base)), None)
+    if base_name is None or new not in by:
+        return "n/a"
+    pairs = zip(by[base_name], by[new], strict=True)
+    return shown([(n["slo"] - b["slo"]) * 100 for b, n in pairs])
+
+
+def fixed_length(trace: list[TraceRequest], tokens: int) -> list[TraceRequest]:
+    """Experiment 2: the trace's arrivals and outputs, every input `tokens` long; the
+    request's own block hashes, cut or extended with blocks of its own."""
+    blocks = math.ceil(tokens / MOONCAKE_BLOCK)
+    out = []
+    for i, r in enumerate(trace):
+        own = tuple(-(i * 1000 + k + 1) for k in range(max(0, blocks - len(r.hash_ids))))
+        out.append(TraceRequest(r.t, tokens, r.output_len, (r.hash_ids + own)[:blocks]))
+    return out
 
 
 def main(
-    quick: bool, seed: int, json_path: str | None, trace_path: str | None, profile: str = "rag"
+    quick: bool,
+    seed: int,
+    json_path: str | None,
+    trace_path: str | None,
+    profile: str = "rag",
+    seeds: int = 5,
 ) -> None:
     from workers.quality import default_data_dir
 
@@ -155,149 +222,145 @@ def main(
     )
     prof = PROFILES[profile]
     trace = select(read_trace(path), prof)
-    seeds = 1 if quick else 3
     if not trace:
         raise ValueError(f"{path}: no request of the {profile} profile in this trace")
+    seed_list = list(range(seed, seed + (1 if quick else seeds)))
     runner = Runner(
         trace,
         prof.slo_s,
-        seeds,
-        warmup=3.0 if quick else 5.0,
-        measure=8.0 if quick else 15.0,
-        first_seed=seed,
+        seed_list,
+        warmup=5.0 if quick else 10.0,
+        measure=20.0 if quick else 120.0,
     )
-    print(f"trace {path.name}: {len(trace)} {profile} requests; {seeds} seed(s)", flush=True)
-
-    w, tuning = tune_cla(runner) if not quick else (0.5, [])
-    cla_star = PipelineSpec(policy="decode_cla", scorers={"prefix_cache": w, "load": 1 - w})
-    schedulers = {
-        "RR": PipelineSpec(policy="decode_rr"),
-        "LA": PipelineSpec(policy="decode_la"),
-        "CA": PipelineSpec(policy="decode_ca"),
-        "CLA*": cla_star,
-        "NetKV-static": PipelineSpec(policy="netkv_static"),
-        "NetKV-full": PipelineSpec(policy="netkv_full"),
-    }
-
-    # Experiment 1: load sweep.
-    exp1 = []
-    for load in (1.0, 2.0) if quick else (0.5, 1.0, 1.5, 2.0, 2.5):
-        for name, spec in schedulers.items():
-            r = runner.run(spec, load)
-            exp1.append(
-                {
-                    "experiment": "1-load",
-                    "setting": f"load {load:.0%}",
-                    "load_pct": int(load * 100),
-                    "policy": name,
-                    **r,
-                }
-            )
-            print(
-                f"  exp1 {int(load * 100):>3}% {name:<13} TTFT {r['ttft_mean_s']:.3f} s "
-                f"xfer {r['xfer_ms']:.0f} ms",
-                flush=True,
-            )
-
-    # Experiment 3: oversubscription x background, at 100% load.
-    exp3 = []
-    grid = (
-        [(4.0, 0.2)] if quick else [(r, b) for r in (1.0, 2.0, 4.0, 8.0) for b in (0.0, 0.2, 0.4)]
+    print(
+        f"trace {path.name}: {len(trace)} {profile} requests; seeds {seed_list}; "
+        f"{runner.measure:g} s measured per run",
+        flush=True,
     )
-    for ratio, bg in grid:
-        tree = FatTreeConfig(oversubscription=ratio, background=bg)
-        for name in ("CLA*", "NetKV-static", "NetKV-full"):
-            r = runner.run(schedulers[name], 1.0, tree=tree)
-            exp3.append(
-                {
-                    "experiment": "3-topology",
-                    "setting": f"{ratio:g}:1, background {bg:.0%}, load 100%",
-                    "oversubscription": ratio,
-                    "background": bg,
-                    "policy": name,
-                    **r,
-                }
-            )
-        print(f"  exp3 {ratio:g}:1 bg {bg:.1f} done", flush=True)
+    tree = FatTreeConfig(background=BACKGROUND)
+    rows: list[dict[str, Any]] = []
 
-    # Experiment 4: oracle staleness, with background traffic that moves (30% +- 80% over
-    # a 10 s period, phase-shifted per tier) so that a stale oracle can be wrong.
-    exp4 = []
-    tree4 = FatTreeConfig(background=0.3)
-    for interval in (1.0, 30.0) if quick else (0.1, 1.0, 5.0, 15.0, 60.0):
-        for name in ("CLA*", "NetKV-static", "NetKV-full"):
-            r = runner.run(schedulers[name], 1.0, tree=tree4, oracle_interval=interval, bg_wave=0.8)
-            exp4.append(
-                {
-                    "experiment": "4-staleness",
-                    "setting": f"refresh {interval:g} s, load 100%",
-                    "oracle_interval_s": interval,
-                    "policy": name,
-                    **r,
-                }
+    def sweep(
+        experiment: str,
+        setting: dict[str, Any],
+        names: Sequence[str],
+        load: float,
+        tree: FatTreeConfig,
+        trace: list[TraceRequest] | None = None,
+        **extra: Any,
+    ) -> None:
+        label = ", ".join(f"{k} {v}" for k, v in setting.items())
+        found = []
+        for name in names:
+            seeds_out = runner.run(SCHEDULERS[name], load, tree, trace, **extra)
+            found.append(
+                point({"experiment": experiment, "setting": label, **setting}, name, seeds_out)
             )
-        print(f"  exp4 refresh {interval:g} s done", flush=True)
-
-    # Experiment 6: the ablation ladder at 100% load, background 20%.
-    exp6 = []
-    tree6 = FatTreeConfig(background=0.2)
-    ladder = {
-        "CLA*": cla_star,
-        "+Topology": PipelineSpec(policy="netkv_topology"),
-        "+Self-contention": schedulers["NetKV-static"],
-        "+Congestion (NetKV-full)": schedulers["NetKV-full"],
-    }
-    for name, spec in ladder.items():
-        r = runner.run(spec, 1.0, tree=tree6)
-        exp6.append(
-            {
-                "experiment": "6-ablation",
-                "setting": "load 100%, background 20%",
-                "policy": name,
-                **r,
-            }
+        found = with_cla_star(found)
+        rows.extend(found)
+        best = {r["policy"]: r["ttft_mean_s"] for r in found}
+        print(
+            f"  {experiment} {label}: " + "; ".join(f"{k} {v}" for k, v in best.items()), flush=True
         )
-    print("  exp6 done", flush=True)
 
-    rows = exp1 + exp3 + exp4 + exp6
-    cols = ["policy", *(c for c in _EMPTY if c not in ("tier_node", "ttft_mean_std_s"))]
-    by = {(r["load_pct"], r["policy"]): r for r in exp1}
+    cla_names = [f"CLA w={w}" for w in CLA_WEIGHTS]
+    # Experiment 1: load sweep.
+    for load in (1.0, 2.0) if quick else (0.5, 1.0, 1.5, 2.0, 2.5):
+        names = ["RR", "LA", "CA", *cla_names, "NetKV-static", "NetKV-full"]
+        sweep("1-load", {"load_pct": int(load * 100)}, names, load, tree)
+    # Experiment 2: fixed input lengths, at the trace's 100% rate.
+    for tokens in (4096, 16384) if quick else LENGTHS:
+        names = ["RR", "CA", *cla_names, "NetKV-full"]
+        sweep("2-length", {"input_tokens": tokens}, names, 1.0, tree, fixed_length(trace, tokens))
+    # Experiment 3: oversubscription x background.
+    grid = [(4.0, 0.2)] if quick else [(r, b) for r in (1.0, 4.0, 8.0) for b in (0.0, 0.4)]
+    for ratio, bg in grid:
+        t3 = FatTreeConfig(oversubscription=ratio, background=bg)
+        names = [*cla_names, "NetKV-static", "NetKV-full"]
+        sweep("3-topology", {"oversubscription": ratio, "background": bg}, names, 1.0, t3)
+    # Experiment 4: the telemetry period (delivery delay one period, at most 5 s).
+    for period in (1.0, 30.0) if quick else (0.1, 1.0, 5.0, 15.0, 60.0):
+        names = [*cla_names, "NetKV-static", "NetKV-full"]
+        sweep(
+            "4-staleness",
+            {"telemetry_period_s": period},
+            names,
+            1.0,
+            tree,
+            oracle_interval=period,
+            telemetry_delay=min(period, 5.0),
+        )
+    # Experiment 6: the ablation ladder.
+    names = [*cla_names, "NetKV-topology", "NetKV-static", "NetKV-full"]
+    sweep("6-ablation", {"load_pct": 100}, names, 1.0, tree)
+
+    report(rows, runner, path, profile, seed_list, started, quick, json_path, seed)
+
+
+def report(
+    rows: list[dict[str, Any]],
+    runner: Runner,
+    path: Path,
+    profile: str,
+    seeds: list[int],
+    started: float,
+    quick: bool,
+    json_path: str | None,
+    seed: int,
+) -> None:
+    prof = PROFILES[profile]
     headline = []
-    for load in sorted({r["load_pct"] for r in exp1}):
-        full = by[(load, "NetKV-full")]["ttft_mean_s"]
+    for r in rows:
+        if r["policy"] != "NetKV-full" or r["experiment"] not in ("1-load", "2-length"):
+            continue
+        s = r["setting"]
         headline.append(
             {
-                "load_pct": load,
-                "vs_RR_pct": gain(by[(load, "RR")]["ttft_mean_s"], full),
-                "vs_CLA*_pct": gain(by[(load, "CLA*")]["ttft_mean_s"], full),
-                "tbt_delta_vs_CLA*_ms": by[(load, "NetKV-full")]["tbt_ms"]
-                - by[(load, "CLA*")]["tbt_ms"],
+                "experiment": r["experiment"],
+                "setting": s,
+                "vs RR (%)": reduction(rows, s, "RR", "NetKV-full"),
+                "vs CLA* (%)": reduction(rows, s, "CLA*", "NetKV-full"),
+                "vs LA (%)": reduction(rows, s, "LA", "NetKV-full"),
+                "SLO vs RR (pp)": slo_gain(rows, s, "RR", "NetKV-full"),
+                "SLO vs CLA* (pp)": slo_gain(rows, s, "CLA*", "NetKV-full"),
             }
         )
+    cols = ["policy", *STATS, "requests", "memory_blocked"]
+    capacities = "; ".join(
+        f"{t.oversubscription:g}:1 background {t.background:.0%}: {c:.2f}/s"
+        for t, c in runner._capacity.items()
+    )
+
+    def section(title: str, experiment: str, first: str) -> str:
+        mine = [r for r in rows if r["experiment"] == experiment]
+        return f"## {title}\n\n" + table(mine, [first, *cols]) if mine else ""
+
     notes = "\n\n".join(
         [
             f"Trace: `{path.name}` ({profile}: inputs {prof.min_input}-{prof.max_input} tokens, "
-            f"SLO {prof.slo_s} s), {seeds} seed(s), CLA* cache weight {w} (grid {CLA_GRID[0]}-"
-            f"{CLA_GRID[-1]} at 80% load on trace seconds {runner.tune_start:.0f}+; measured "
-            f"from {runner.measure_start:.0f}+, a further {runner.seed_step:.0f} s per seed, "
-            f"seeds from {seed}). {runner.runs} simulations in {time.time() - started:.0f} s.",
-            "## Headline: NetKV-full's mean-TTFT reduction (paper: 18.9-21.2% vs RR, "
-            "11.8-14.3% vs CLA* at 100-200%)\n\n" + table(headline, list(headline[0])),
-            "## Experiment 1: load sweep\n\n" + table(exp1, ["load_pct", *cols]),
-            "## Experiment 3: oversubscription x background (100% load)\n\n"
-            + table(exp3, ["oversubscription", "background", *cols]),
-            "## Experiment 4: oracle refresh interval (100% load, moving background)\n\n"
-            + table(exp4, ["oracle_interval_s", *cols]),
-            "## Experiment 6: ablation ladder (100% load, 20% background; paper Table IV)\n\n"
-            + table(exp6, cols),
-            "## CLA* tuning\n\n"
-            + (
-                table(tuning, ["w_cache", "ttft_mean_s"])
-                if tuning
-                else "(quick mode: not tuned, w = 0.5)"
+            f"TTFT SLO {prof.slo_s} s). Seeds {seeds}; {runner.measure:g} s measured after "
+            f"{runner.warmup:g} s of warm-up per run, windows from trace second "
+            f"{runner.measure_start:.0f}, a further {runner.seed_step:.0f} s per seed. "
+            f"{runner.runs} simulations in {time.time() - started:.0f} s. Background "
+            f"{BACKGROUND:.0%} unless swept. Measured capacities (100% load): {capacities}. "
+            "Values: mean ± 95% half-width over seeds; reductions paired by seed. "
+            "`memory_blocked`: admissions that waited for decode KV memory (all seeds).",
+            "## Headline: NetKV-full against the baselines (paired by seed)\n\n"
+            + (table(headline, list(headline[0])) if headline else "(none)"),
+            section("Experiment 1: load sweep", "1-load", "load_pct"),
+            section("Experiment 2: fixed input lengths (100% load)", "2-length", "input_tokens"),
+            section(
+                "Experiment 3: oversubscription x background (100% load)",
+                "3-topology",
+                "setting",
             ),
+            section("Experiment 4: telemetry period (100% load)", "4-staleness", "setting"),
+            section("Experiment 6: ablation ladder (100% load)", "6-ablation", "setting"),
         ]
     )
+    public = [{k: v for k, v in r.items() if k != "_seeds"} for r in rows]
+    for r, full in zip(public, rows, strict=True):
+        r["per_seed"] = full["_seeds"]
     write(
         "netkv",
         {
@@ -305,26 +368,24 @@ def main(
             "trace": str(path.name),
             "profile": profile,
             "seeds": seeds,
-            "cla_star_w_cache": w,
             "seed": seed,
+            "measure_s": runner.measure,
+            "background": BACKGROUND,
+            "tie_epsilon": EPSILON,
+            "cla_weights": list(CLA_WEIGHTS),
         },
-        rows,
-        ["experiment", "setting", *cols],
+        public,
+        list(headline[0]) if headline else ["experiment", "setting", *cols],
         json_path,
         notes=notes,
         quick=quick,
+        table_rows=headline,
     )
     print("\n" + notes.split("## Experiment 1")[0])
-    plot(exp1, exp3, exp4, exp6, output_dir(quick) / "netkv.png")
+    plot(rows, output_dir(quick) / "netkv.png")
 
 
-def plot(
-    exp1: list[dict[str, Any]],
-    exp3: list[dict[str, Any]],
-    exp4: list[dict[str, Any]],
-    exp6: list[dict[str, Any]],
-    out: Path,
-) -> None:
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
     try:
         import matplotlib
 
@@ -333,48 +394,46 @@ def plot(
     except ImportError:
         print("matplotlib is not installed: no plots (pip install matplotlib)")
         return
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
-    ax = axes[0]
-    for name in sorted({r["policy"] for r in exp1}):
-        pts = [(r["load_pct"], r["ttft_mean_s"]) for r in exp1 if r["policy"] == name]
-        ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-    ax.set(
-        title="Exp. 1: mean TTFT vs load (RAG)",
-        xlabel="load (% of capacity)",
-        ylabel="mean TTFT (s)",
+
+    def series(
+        experiment: str, policy: str, x: str
+    ) -> tuple[list[float], list[float], list[float]]:
+        mine = [r for r in rows if r["experiment"] == experiment and r["policy"].startswith(policy)]
+        xs = [float(r[x]) for r in mine]
+        stats = [interval([s["ttft_mean_s"] for s in r["_seeds"]]) for r in mine]
+        return xs, [m for m, _ in stats], [h for _, h in stats]
+
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.2))
+    panels = (
+        ("1-load", "load_pct", ("RR", "LA", "CLA*", "NetKV-full"), "Exp. 1: load", "load (%)"),
+        ("2-length", "input_tokens", ("RR", "CA", "CLA*", "NetKV-full"), "Exp. 2: input", "tokens"),
+        (
+            "4-staleness",
+            "telemetry_period_s",
+            ("CLA*", "NetKV-static", "NetKV-full"),
+            "Exp. 4: telemetry period",
+            "period (s)",
+        ),
     )
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    for bg in sorted({r["background"] for r in exp3}):
-        cla = {
-            r["oversubscription"]: r["ttft_mean_s"]
-            for r in exp3
-            if r["background"] == bg and r["policy"] == "CLA*"
-        }
-        full = {
-            r["oversubscription"]: r["ttft_mean_s"]
-            for r in exp3
-            if r["background"] == bg and r["policy"] == "NetKV-full"
-        }
-        xs = sorted(cla)
-        ax.plot(xs, [gain(cla[x], full[x]) for x in xs], marker="o", label=f"bg {bg:.0%}")
-    ax.set(
-        title="Exp. 3: NetKV-full gain over CLA*",
-        xlabel="oversubscription (x:1)",
-        ylabel="mean-TTFT reduction (%)",
-    )
-    ax.legend(fontsize=8)
-    ax = axes[2]
-    for name in ("CLA*", "NetKV-static", "NetKV-full"):
-        pts = [(r["oracle_interval_s"], r["ttft_mean_s"]) for r in exp4 if r["policy"] == name]
-        ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set(title="Exp. 4: oracle staleness", xlabel="refresh interval (s)", ylabel="mean TTFT (s)")
-    ax.legend(fontsize=8)
+    for ax, (experiment, x, policies, title, xlabel) in zip(axes, panels, strict=False):
+        for policy in policies:
+            xs, ys, hs = series(experiment, policy, x)
+            if xs:
+                ax.errorbar(xs, ys, yerr=hs, marker="o", capsize=3, label=policy)
+        ax.set(title=title + " (mean TTFT, 95% CI)", xlabel=xlabel, ylabel="mean TTFT (s)")
+        if experiment != "1-load":
+            ax.set_xscale("log")
+        ax.legend(fontsize=8)
     ax = axes[3]
+    ladder = [
+        r for r in rows if r["experiment"] == "6-ablation" and not r["policy"].startswith("CLA w")
+    ]
+    stats = [interval([s["ttft_mean_s"] for s in r["_seeds"]]) for r in ladder]
     ax.bar(
-        [r["policy"].replace(" (NetKV-full)", "") for r in exp6],
-        [r["ttft_mean_s"] for r in exp6],
+        [r["policy"].split(" (")[0] for r in ladder],
+        [m for m, _ in stats],
+        yerr=[h for _, h in stats],
+        capsize=3,
         color="tab:blue",
     )
     ax.set(title="Exp. 6: ablation ladder", ylabel="mean TTFT (s)")

@@ -3,14 +3,27 @@
 Requests from a Mooncake-format trace arrive, queue for a prefill instance
 (least loaded), prefill, then the decode policy under test picks a decode
 instance; the KV cache (only the blocks that instance lacks) crosses the
-fat-tree as a flow sharing links max-min fairly with every other transfer; the
+fat-tree as flows sharing links max-min fairly with every other flow; the
 decode instance admits it at an iteration boundary when its batch and memory
 allow, and decodes. Decode instances keep an LRU cache of prefix blocks.
 
+The world is not the policy's model of it:
+- a flow gets what its links give it (no tier caps: `sim.fattree`);
+- every network link has its own background utilisation, which wanders around the
+  link's mean (an Ornstein-Uhlenbeck walk), and elephant flows (long transfers between
+  random GPUs of different pods) come and go as real flows;
+- the oracle sees only the operator's telemetry: per-tier utilisation (the mean over
+  the tier's links of everything they carry, our own transfers included) sampled every
+  `oracle_interval` seconds, delivered `telemetry_delay` seconds later, with
+  multiplicative noise;
+- a decode iteration reads the weights and the batch's whole KV cache, so it slows
+  with the batch's context (`ComputeModel`), where NetKV's cost model assumes a fixed
+  time plus a term per sequence.
+
 Decisions use the very same policy objects as the gateway, on a snapshot built
 from what a real scheduler could see: per-instance state at the decision, the
-oracle's congestion as of its last refresh (every `oracle_interval` seconds),
-and this scheduler's own transfers in flight.
+oracle as of its last telemetry, and this scheduler's own transfers in flight
+(released when a transfer completes).
 """
 
 from __future__ import annotations
@@ -19,11 +32,13 @@ import heapq
 import itertools
 import math
 import random
+import statistics
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from edgeroute.sim.fattree import FatTree, FatTreeConfig
+from edgeroute.sim.network import Flow
 from edgeroute.sim.workload import MOONCAKE_BLOCK, TraceRequest, arrivals
 from oracle.topology import Topology
 from policies import BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
@@ -34,24 +49,55 @@ SELF_CONTENTION_CAP = 16
 
 @dataclass(frozen=True)
 class ComputeModel:
-    """Llama-3-70B at TP=4 on H100-class GPUs, piecewise-linear (fitted-conservative: fast
-    decode, so the network is a smaller share of TTFT)."""
+    """Llama-3-70B (fp16) at TP=4 on H100 SXM GPUs.
+
+    A decode iteration is a roofline from the published specifications, piecewise
+    linear: the larger of reading the GPU's weight shard and the batch's KV cache from
+    HBM (3.35 TB/s, at `hbm_efficiency`) and the batch's matrix work (989 dense fp16
+    TFLOPS, at `mfu`), plus a fixed launch overhead. The KV cache per token is
+    Llama-3-70B's (80 layers x 8 KV heads x 128 x 2 x 2 bytes = 327,680 bytes over the
+    TP shards). Free KV memory is what 80 GB per GPU leaves after the 35 GB weight
+    shard and 5 GB of activations. The prefill time stays the earlier fit (fast, so
+    the network is a smaller share of TTFT).
+    """
 
     prefill_base: float = 0.02
     prefill_per_token: float = 0.00004
-    iter_base: float = 0.010
-    iter_per_seq: float = 0.00005
+    weights_bytes_per_gpu: float = 35e9
+    hbm_bytes_per_s: float = 3.35e12
+    hbm_efficiency: float = 0.7
+    flops_per_token: float = 2 * 70e9
+    gpu_flops: float = 989e12
+    mfu: float = 0.4
+    tp: int = 4
+    launch_s: float = 0.002
     max_batch: int = 256
     kv_bytes_per_token: float = 327_680.0  # all TP shards together (80 KB each at TP=4)
-    kv_capacity_tokens: int = 500_000  # ~160 GB of free HBM over 4 GPUs
+    kv_capacity_tokens: int = 488_000  # 4 x 40 GB free / 327,680 bytes
     cache_blocks: int = 600  # LRU prefix cache per decode instance, 512-token blocks
     reserve_tokens: int = 2048
 
     def prefill_time(self, tokens: int) -> float:
         return self.prefill_base + self.prefill_per_token * tokens
 
-    def iteration_time(self, batch: int) -> float:
-        return self.iter_base + self.iter_per_seq * batch
+    def iteration_time(self, batch: int, context_tokens: int) -> float:
+        hbm = self.hbm_bytes_per_s * self.hbm_efficiency
+        memory = (
+            self.weights_bytes_per_gpu + context_tokens * self.kv_bytes_per_token / self.tp
+        ) / hbm
+        compute = batch * self.flops_per_token / (self.tp * self.gpu_flops * self.mfu)
+        return self.launch_s + max(memory, compute)
+
+    @property
+    def iter_base(self) -> float:
+        """The scheduler's profile of an iteration (NetKV's T_step): an empty batch's
+        time ..."""
+        return self.iteration_time(0, 0)
+
+    @property
+    def iter_per_seq(self) -> float:
+        """... plus this per sequence (the compute slope; it ignores the context)."""
+        return self.flops_per_token / (self.tp * self.gpu_flops * self.mfu)
 
 
 @dataclass(frozen=True)
@@ -62,12 +108,16 @@ class SimConfig:
     compute: ComputeModel = field(default_factory=ComputeModel)
     warmup: float = 5.0
     measure: float = 15.0
-    oracle_interval: float = 1.0
+    oracle_interval: float = 1.0  # the telemetry's sampling period, delta
+    telemetry_delay: float = 1.0  # seconds from a sample to the oracle
+    telemetry_noise: float = 0.1  # relative error of a reported utilisation (1 sigma)
     slo_s: float = 5.0
     seed: int = 0
     trace_start: float = 0.0  # where in the trace arrivals begin (trace seconds)
-    bg_wave: float = 0.0  # background fluctuation, as a fraction of the background
-    bg_period: float = 10.0
+    bg_volatility: float = 0.5  # of each link's background around its mean, per sqrt(s)
+    bg_step: float = 0.5  # seconds between background updates
+    elephants: int = 4  # concurrent long flows between GPUs of different pods, on average
+    elephant_on_s: float = 5.0  # mean duration of one
 
 
 @dataclass(eq=False)
@@ -145,46 +195,80 @@ class Simulator:
         self.events: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
         self.now = 0.0
-        self.oracle = self.tree.topology(self._congestion(0.0))
+        self.oracle = self.tree.topology({})
         self.requests: list[Request] = []
         self._shards_left: dict[int, int] = {}
+        self.memory_blocked = 0  # admissions that waited for KV memory
         horizon = config.warmup + config.measure
         for i, tr in enumerate(arrivals(trace, config.rate, config.trace_start, horizon)):
             req = Request(i, tr.t, tr.input_len, max(1, tr.output_len), tr.hash_ids)
             self.requests.append(req)
             self._at(tr.t, "arrive", req)
-        self._at(0.0, "oracle", None)
-        if config.bg_wave > 0:
-            self._base_capacity = list(self.net.capacity)
-            self._link_tier = self._classify_links()
+        # The world's own randomness, apart from the policies' tie-breaks.
+        self.world = random.Random(config.seed * 7919 + 1)
+        self.background = dict(self.tree.background_mean)
+        self._at(0.0, "telemetry", None)
+        if self.background:  # a loaded fabric: wandering background and elephants
             self._at(0.0, "background", None)
+            for _ in range(config.elephants):
+                self._at(self.world.expovariate(1 / config.elephant_on_s), "elephant", None)
 
-    # -- background traffic and the oracle -------------------------------------------
+    # -- the world around the transfers: background, elephants, telemetry --------------
 
-    def _background(self, tier: str, t: float) -> float:
-        bg = self.cfg.tree.background
-        if self.cfg.bg_wave <= 0 or tier == "node":
-            return bg if tier != "node" else 0.0
-        phase = {"rack": 0.0, "pod": 2.1, "cluster": 4.2}[tier]
-        wave = math.sin(2 * math.pi * t / self.cfg.bg_period + phase)
-        return min(0.95, max(0.0, bg * (1 + self.cfg.bg_wave * wave)))
+    def _on_background(self, _: object) -> None:
+        """Each link's background wanders around its own mean (Ornstein-Uhlenbeck)."""
+        dt = self.cfg.bg_step
+        sigma = self.cfg.bg_volatility * math.sqrt(dt)
+        for link, mean in self.tree.background_mean.items():
+            b = self.background[link]
+            b += (mean - b) * min(1.0, dt) + sigma * mean * self.world.gauss(0.0, 1.0)
+            self.background[link] = b = min(0.95, max(0.0, b))
+            self.net.capacity[link] = self.tree.physical[link] * (1 - b)
+        self.net.reallocate()
+        self._at(self.now + dt, "background", None)
 
-    def _congestion(self, t: float) -> dict[str, float]:
-        """What the operator's telemetry reports: background utilisation per tier."""
-        return {tier: self._background(tier, t) for tier in ("rack", "pod", "cluster")}
+    def _on_elephant(self, flow: Flow | None) -> None:
+        """An elephant starts (or, given one, ends and another is scheduled)."""
+        if flow is not None:
+            self.net.remove(flow)
+            self._at(
+                self.now + self.world.expovariate(1 / self.cfg.elephant_on_s), "elephant", None
+            )
+            return
+        ids = list(self.tree.instances)
+        a = self.tree.instances[self.world.choice(ids)]
+        far = [i for i in ids if self.tree.instances[i].pod != a.pod]
+        if not far:
+            return
+        b = self.world.choice(far)
+        path = self.world.choice(self.tree.paths(a.id, b, self.world))
+        flow = self.net.add_flow(path, 1e18, "elephant")
+        self._at(self.now + self.world.expovariate(1 / self.cfg.elephant_on_s), "elephant", flow)
 
-    def _classify_links(self) -> dict[int, str]:
-        tiers: dict[int, str] = {}
-        for link in self.tree.nvlink.values():
-            tiers[link] = "node"
-        for inst in self.tree.instances.values():
-            for link in [*inst.nic_up, *inst.nic_down]:
-                tiers[link] = "rack"
-        for link in [*self.tree.tor_up.values(), *self.tree.tor_down.values()]:
-            tiers[link] = "pod"
-        for link in [*self.tree.agg_up.values(), *self.tree.agg_down.values()]:
-            tiers[link] = "cluster"
-        return tiers
+    def utilisation(self) -> dict[str, float]:
+        """What switch counters show: per tier, the mean over its links of the share of
+        the physical capacity in use (background, elephants and our transfers alike)."""
+        used: dict[str, list[float]] = {}
+        rates = self.net.link_rates()
+        for link, tier in self.tree.tier_of_link.items():
+            if tier == "node":
+                continue
+            physical = self.tree.physical[link]
+            busy = self.background.get(link, 0.0) * physical + rates.get(link, 0.0)
+            used.setdefault(tier, []).append(min(1.0, busy / physical))
+        return {tier: sum(v) / len(v) for tier, v in used.items()}
+
+    def _on_telemetry(self, _: object) -> None:
+        noise = self.cfg.telemetry_noise
+        sample = {
+            tier: min(0.99, max(0.0, u * (1 + self.world.gauss(0.0, noise))))
+            for tier, u in self.utilisation().items()
+        }
+        self._at(self.now + self.cfg.telemetry_delay, "oracle", sample)
+        self._at(self.now + self.cfg.oracle_interval, "telemetry", None)
+
+    def _on_oracle(self, sample: dict[str, float]) -> None:
+        self.oracle = self.tree.topology(sample)
 
     # -- the event loop -------------------------------------------------------------
 
@@ -193,42 +277,28 @@ class Simulator:
 
     def run(self, max_time: float = 600.0) -> list[Request]:
         measured = [r for r in self.requests if r.arrival >= self.cfg.warmup]
-        while self.events or self.net.flows:
-            t_event = self.events[0][0] if self.events else math.inf
+        while self.events:
+            t_event = self.events[0][0]
             t_flow = self.net.next_completion()
             if min(t_event, t_flow) > max_time:
                 break
             if t_flow <= t_event:
                 self.now = t_flow
                 for flow in self.net.advance(t_flow):
-                    self._transfer_done(flow.tag)  # type: ignore[arg-type]
+                    if flow.tag != "elephant":
+                        self._transfer_done(flow.tag)  # type: ignore[arg-type]
                 continue
             t, _, kind, obj = heapq.heappop(self.events)
             self.now = t
             self.net.advance(t)
             getattr(self, f"_on_{kind}")(obj)
             if (
-                kind == "oracle"
-                and all(not math.isnan(r.finished) or r.rejected for r in measured)
+                kind == "telemetry"
                 and t > self.cfg.warmup
+                and all(not math.isnan(r.finished) or r.rejected for r in measured)
             ):
                 break
         return measured
-
-    def _on_oracle(self, _: object) -> None:
-        self.oracle = self.tree.topology(self._congestion(self.now))
-        self._at(self.now + self.cfg.oracle_interval, "oracle", None)
-
-    def _on_background(self, _: object) -> None:
-        for link, tier in self._link_tier.items():
-            if tier != "node":
-                self.net.capacity[link] = (
-                    self._base_capacity[link]
-                    / (1 - self.cfg.tree.background)
-                    * (1 - self._background(tier, self.now))
-                )
-        self.net._allocate()
-        self._at(self.now + 0.1, "background", None)
 
     # -- prefill --------------------------------------------------------------------------
 
@@ -329,10 +399,8 @@ class Simulator:
             return
         shards = self.tree.paths(req.prefill, d.id)
         self._shards_left[req.id] = len(shards)
-        bg = self._background(req.tier, self.now)
-        cap = self.tree.config.tier_gbps()[req.tier] * 1e9 / 8 * (1 - bg)
         for path in shards:
-            self.net.add_flow(path, payload / len(shards), (req, latency), cap=cap)
+            self.net.add_flow(path, payload / len(shards), (req, latency))
 
     def _transfer_done(self, tag: tuple[Request, float]) -> None:
         req, latency = tag
@@ -360,11 +428,10 @@ class Simulator:
         if d.busy:
             return
         c = self.compute
-        while (
-            d.waiting
-            and len(d.running) < c.max_batch
-            and (d.used_tokens + d.waiting[0].need <= c.kv_capacity_tokens)
-        ):
+        while d.waiting and len(d.running) < c.max_batch:
+            if d.used_tokens + d.waiting[0].need > c.kv_capacity_tokens:
+                self.memory_blocked += 1
+                break
             req = d.waiting.popleft()
             d.used_tokens += req.need
             d.running.append(req)
@@ -376,7 +443,8 @@ class Simulator:
         if not d.running:
             return
         d.busy = True
-        dt = c.iteration_time(len(d.running))
+        context = sum(r.input_len + r.generated for r in d.running)
+        dt = c.iteration_time(len(d.running), context)
         self._at(self.now + dt, "iteration", (d, dt))
 
     def _on_iteration(self, obj: tuple[Decode, float]) -> None:
@@ -406,13 +474,45 @@ def topology_of(config: FatTreeConfig) -> Topology:
     return FatTree.build(config).topology()
 
 
-def capacity(trace: list[TraceRequest], config: SimConfig, utilisation: float = 0.35) -> float:
-    """The request rate we call 100% load: `utilisation` of the tighter of two bounds,
-    the prefill pool's compute and its NICs' egress for the workload's mean KV payload."""
+def bound(trace: list[TraceRequest], config: SimConfig) -> float:
+    """An upper bound on the sustainable request rate: the tighter of the prefill pool's
+    compute and its NICs' egress for the workload's mean KV payload."""
     tree = FatTree.build(config.tree)
     n_prefill = sum(1 for i in tree.instances.values() if i.role == "prefill")
     mean_in = sum(r.input_len for r in trace) / len(trace)
     compute_bound = n_prefill / config.compute.prefill_time(int(mean_in))
-    nic = config.tree.tp * config.tree.tier_gbps()["rack"] * 1e9 / 8 * (1 - config.tree.background)
+    nic = config.tree.tp * config.tree.tor_gbps * 1e9 / 8
     egress_bound = n_prefill * nic / (mean_in * config.compute.kv_bytes_per_token)
-    return utilisation * min(compute_bound, egress_bound)
+    return min(compute_bound, egress_bound)
+
+
+def attainment(requests: list[Request], slo: float) -> float:
+    """The share of requests whose first token came within the TTFT SLO."""
+    if not requests:
+        return math.nan
+    return sum(r.ttft <= slo for r in requests if not math.isnan(r.first_token)) / len(requests)
+
+
+def capacity(
+    trace: list[TraceRequest],
+    config: SimConfig,
+    target: float = 0.9,
+    seeds: int = 2,
+    probes: int = 7,
+) -> float:
+    """The request rate we call 100% load, measured: the highest rate at which
+    least-loaded decode placement (`config.scheduler` is not used) meets the TTFT SLO
+    for `target` of the requests, found by bisection, each probe over `seeds` runs."""
+    probe = replace(config, scheduler=PipelineSpec(policy="decode_la"))
+    lo, hi = 0.0, bound(trace, config)
+    for _ in range(probes):
+        mid = (lo + hi) / 2
+        runs = [
+            attainment(simulate(replace(probe, rate=mid, seed=config.seed + k), trace), probe.slo_s)
+            for k in range(seeds)
+        ]
+        if statistics.fmean(runs) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,24 +1,32 @@
 """The NetKV paper's cluster: a multi-tier fat-tree of GPU instances (section VI-A).
 
-Defaults: 2 pods x 2 racks x 2 servers x 8 GPUs, TP=4 (16 instances, 4 prefill and
-12 decode; the prefill instances fill one server in each pod, so no decode instance
-shares a prefill's NVLink and the choice is among the rack, pod and cross-pod tiers). A lone flow between two instances gets exactly its tier's bandwidth
-(each flow is capped at it: the per-flow share the paper's tier bandwidths
-describe), while the fabric's links carry what the oversubscription allows in
-aggregate: a rack's uplinks 16 GPUs x ToR / max(1, r/2), a pod's core links
-32 GPUs x ToR / r, every GPU's NIC the ToR bandwidth. A KV transfer is TP parallel shard flows, GPU to GPU (the paper's
-model), each with its own ECMP draw, so tier bandwidths are per GPU pair and
-the cost model prices the per-shard payload. Background traffic takes a
-fixed fraction of every network link (not NVLink).
+Defaults: 2 pods x 2 racks x 2 servers x 8 GPUs, TP=4: 16 instances, 4 prefill and 12
+decode. The prefill instances fill rack 0 and no decode instance shares their rack, so a
+KV cache crosses the pod tier (rack 1) or the cluster tier (pods' racks 2 and 3).
+
+The links have physical capacities of their own, and nothing else limits a flow:
+- every GPU has a NIC of the ToR bandwidth, up and down;
+- a rack's uplinks carry its GPUs' ToR bandwidth over max(1, r/2), split over the
+  aggregation switches; a pod's core links carry its GPUs' ToR bandwidth over r;
+- NVLink inside a server.
+A flow gets what max-min sharing gives it on its path, so a lone flow runs at its
+NIC's rate whatever its tier: the tiers differ only when the fabric is loaded. A KV
+transfer is TP parallel shard flows, GPU to GPU, each with its own ECMP draw.
+
+Background traffic is per link: each network link has its own mean utilisation, drawn
+around the configured level with a log-normal spread (ECMP hot spots), which the
+simulator moves over time; elephant flows are real flows in the network (`sim.cluster`).
+The oracle's tier bandwidths (`topology()`) are the operator's nominal figures; the
+physics never reads them.
 
 The paper's numbers for the tiers were lost in extraction; we use its stated
 ratios around a 50 Gbps ToR: pod 25 Gbps (2:1), cross-pod 12.5 Gbps (4:1),
-NVLink 450 GB/s. The oversubscription sweep scales pod and cross-pod from the
-ToR: cross-pod = ToR / r, pod = ToR / max(1, r/2).
+NVLink 450 GB/s.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -33,14 +41,15 @@ class FatTreeConfig:
     servers_per_rack: int = 2
     gpus_per_server: int = 8
     tp: int = 4
-    prefill_servers: tuple[int, ...] = (0, 4)  # whole servers of prefill: one per pod
+    prefill_servers: tuple[int, ...] = (0, 1)  # rack 0: no decode instance in a prefill rack
     tor_gbps: float = 50.0
     oversubscription: float = 4.0  # cross-pod : ToR
     nvlink_gbps: float = 3600.0
     latency_us: tuple[float, float, float, float] = (1.0, 5.0, 10.0, 20.0)
     aggs_per_pod: int = 2
     cores: int = 2
-    background: float = 0.0  # fraction of every network link's capacity
+    background: float = 0.0  # mean background utilisation of the network links
+    hotspot_sigma: float = 0.6  # log-normal spread of the links' own background means
 
     def tier_gbps(self) -> dict[str, float]:
         r = self.oversubscription
@@ -74,15 +83,20 @@ class FatTree:
     agg_up: dict[tuple[int, int, int], int]  # (pod, agg, core) -> link
     agg_down: dict[tuple[int, int, int], int]
     rng: random.Random = field(default_factory=random.Random)
+    physical: list[float] = field(default_factory=list)  # bytes/s per link, before background
+    tier_of_link: dict[int, str] = field(default_factory=dict)
+    background_mean: dict[int, float] = field(default_factory=dict)  # per network link
 
     @classmethod
     def build(cls, config: FatTreeConfig, seed: int = 0) -> FatTree:
         net = Network()
         gbps = config.tier_gbps()
-        bg = 1.0 - config.background
+        tiers: dict[int, str] = {}
 
-        def link(tier: str, background: bool = True) -> int:
-            return net.add_link(gbps[tier] * 1e9 / 8 * (bg if background else 1.0))
+        def link(capacity_gbps: float, tier: str) -> int:
+            index = net.add_link(capacity_gbps * 1e9 / 8)
+            tiers[index] = tier
+            return index
 
         instances: dict[str, Instance] = {}
         nvlink: dict[int, int] = {}
@@ -92,16 +106,14 @@ class FatTree:
             pod = rack // config.racks_per_pod
             for s in range(config.servers_per_rack):
                 server = rack * config.servers_per_rack + s
-                nvlink[server] = link("node", background=False)
+                nvlink[server] = link(gbps["node"], "node")
                 for k in range(per_server):
                     role = "prefill" if server in config.prefill_servers else "decode"
                     iid = f"{'p' if role == 'prefill' else 'd'}{server}.{k}"
                     inst = Instance(iid, role, pod, rack, server)
-                    inst.nic_up = [link("rack") for _ in range(config.tp)]
-                    inst.nic_down = [link("rack") for _ in range(config.tp)]
+                    inst.nic_up = [link(config.tor_gbps, "rack") for _ in range(config.tp)]
+                    inst.nic_down = [link(config.tor_gbps, "rack") for _ in range(config.tp)]
                     instances[iid] = inst
-        # Fabric links carry the aggregate a tier is oversubscribed to; each flow is
-        # separately capped at its tier's per-flow bandwidth (see `cap`).
         r = config.oversubscription
         gpus_rack = config.servers_per_rack * config.gpus_per_server
         gpus_pod = gpus_rack * config.racks_per_pod
@@ -110,21 +122,38 @@ class FatTree:
         tor_up, tor_down, agg_up, agg_down = {}, {}, {}, {}
         for rack in range(racks):
             for a in range(config.aggs_per_pod):
-                tor_up[(rack, a)] = net.add_link(tor_gbps * 1e9 / 8 * bg)
-                tor_down[(rack, a)] = net.add_link(tor_gbps * 1e9 / 8 * bg)
+                tor_up[(rack, a)] = link(tor_gbps, "pod")
+                tor_down[(rack, a)] = link(tor_gbps, "pod")
         for pod in range(config.pods):
             for a in range(config.aggs_per_pod):
                 for c in range(config.cores):
-                    agg_up[(pod, a, c)] = net.add_link(core_gbps * 1e9 / 8 * bg)
-                    agg_down[(pod, a, c)] = net.add_link(core_gbps * 1e9 / 8 * bg)
+                    agg_up[(pod, a, c)] = link(core_gbps, "cluster")
+                    agg_down[(pod, a, c)] = link(core_gbps, "cluster")
+        rng = random.Random(seed)
+        physical = list(net.capacity)
+        means = {}
+        spread = config.hotspot_sigma
+        for index, tier in tiers.items():
+            if tier == "node" or config.background <= 0:
+                continue
+            # Log-normal around the configured mean (its median shifted so the mean holds).
+            draw = config.background * math.exp(rng.gauss(-spread * spread / 2, spread))
+            means[index] = min(0.9, draw)
+            net.capacity[index] = physical[index] * (1 - means[index])
         return cls(
-            config, net, instances, nvlink, tor_up, tor_down, agg_up, agg_down, random.Random(seed)
+            config,
+            net,
+            instances,
+            nvlink,
+            tor_up,
+            tor_down,
+            agg_up,
+            agg_down,
+            rng,
+            physical,
+            tiers,
+            means,
         )
-
-    def cap(self, tier: str) -> float:
-        """A flow's ceiling on `tier`, bytes/s: the tier's bandwidth less background."""
-        bg = 0.0 if tier == "node" else self.config.background
-        return self.config.tier_gbps()[tier] * 1e9 / 8 * (1 - bg)
 
     def tier(self, a: str, b: str) -> str:
         x, y = self.instances[a], self.instances[b]
@@ -134,8 +163,10 @@ class FatTree:
             return "rack"
         return "pod" if x.pod == y.pod else "cluster"
 
-    def paths(self, a: str, b: str) -> list[list[int]]:
-        """The links of the TP shards' parallel flows from a to b; ECMP drawn per flow."""
+    def paths(self, a: str, b: str, rng: random.Random | None = None) -> list[list[int]]:
+        """The links of the TP shards' parallel flows from a to b; ECMP drawn per flow
+        (from `rng`, else the tree's own)."""
+        rng = rng or self.rng
         x, y = self.instances[a], self.instances[b]
         if x.server == y.server:
             return [[self.nvlink[x.server]] for _ in range(self.config.tp)]
@@ -145,12 +176,12 @@ class FatTree:
             if x.rack == y.rack:
                 out.append([up, down])
                 continue
-            agg = self.rng.randrange(self.config.aggs_per_pod)
+            agg = rng.randrange(self.config.aggs_per_pod)
             if x.pod == y.pod:
                 out.append([up, self.tor_up[(x.rack, agg)], self.tor_down[(y.rack, agg)], down])
                 continue
-            core = self.rng.randrange(self.config.cores)
-            agg2 = self.rng.randrange(self.config.aggs_per_pod)
+            core = rng.randrange(self.config.cores)
+            agg2 = rng.randrange(self.config.aggs_per_pod)
             out.append(
                 [
                     up,

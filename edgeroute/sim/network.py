@@ -20,7 +20,6 @@ class Flow:
     remaining: float  # bytes
     tag: object = None
     rate: float = 0.0  # bytes/s
-    cap: float = float("inf")  # the flow's own ceiling (its tier's per-flow bandwidth)
 
 
 @dataclass
@@ -33,10 +32,8 @@ class Network:
         self.capacity.append(bytes_per_s)
         return len(self.capacity) - 1
 
-    def add_flow(
-        self, path: Sequence[int], nbytes: float, tag: object = None, cap: float = float("inf")
-    ) -> Flow:
-        flow = Flow(tuple(path), max(nbytes, 0.0), tag, cap=cap)
+    def add_flow(self, path: Sequence[int], nbytes: float, tag: object = None) -> Flow:
+        flow = Flow(tuple(path), max(nbytes, 0.0), tag)
         self.flows.append(flow)
         self._allocate()
         return flow
@@ -64,6 +61,23 @@ class Network:
             self._allocate()
         return done
 
+    def remove(self, flow: Flow) -> None:
+        """Take a flow out before it completes (its sender stopped)."""
+        self.flows.remove(flow)
+        self._allocate()
+
+    def reallocate(self) -> None:
+        """Recompute the rates after link capacities changed."""
+        self._allocate()
+
+    def link_rates(self) -> dict[int, float]:
+        """Bytes/s carried per link at the current rates."""
+        out: dict[int, float] = {}
+        for f in self.flows:
+            for link in f.path:
+                out[link] = out.get(link, 0.0) + f.rate
+        return out
+
     def utilisation(self, link: int) -> float:
         used = sum(f.rate for f in self.flows if link in f.path)
         return used / self.capacity[link] if self.capacity[link] > 0 else 0.0
@@ -75,14 +89,8 @@ class Network:
         for f in self.flows:
             f.rate = 0.0 if f.path else float("inf")
         users: dict[int, list[Flow]] = {}
-        paths: dict[int, tuple[int, ...]] = {}
         for f in active:
-            path = f.path
-            if f.cap < float("inf"):  # a private link of one user
-                residual.append(f.cap)
-                path = (*path, len(residual) - 1)
-            paths[id(f)] = path
-            for link in path:
+            for link in f.path:
                 users.setdefault(link, []).append(f)
         frozen: set[int] = set()
         while len(frozen) < len(active):
@@ -99,5 +107,5 @@ class Network:
                     continue
                 f.rate = share
                 frozen.add(id(f))
-                for link in paths[id(f)]:
+                for link in f.path:
                     residual[link] -= share

@@ -45,7 +45,7 @@ def read_trace(path: Path) -> list[TraceRequest]:
         return read_mooncake(path)
     if "ContextTokens" in first:
         return read_azure(path)
-    columns = set(first.split(","))
+    columns = set(next(csv.reader([first]), []))
     if {"prompt", "eval_name"} <= columns:
         return read_prompt_set(path)
     raise ValueError(

@@ -196,6 +196,34 @@ def test_other_prompts_draw_from_the_models_task_distribution(start_worker: Star
     assert float(raw.headers["x-emulated-score"]) in (0.0, 1.0)
 
 
+def test_the_task_travels_in_metadata_for_routers_that_drop_headers(start_worker: Start) -> None:
+    url, _ = start_worker(speedup=50.0)
+    prompt = [{"role": "user", "content": "Not from any data set, surely."}]
+    raw = client(url).chat.completions.with_raw_response.create(
+        model=MODEL, messages=prompt, extra_body={"metadata": {"task": "winogrande"}}
+    )
+    assert raw.headers["x-emulated-task"] == "winogrande"
+    # The header wins over the body; metadata that is not a mapping of strings is ignored.
+    raw = client(url).chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=prompt,
+        extra_headers={"x-edgeroute-task": "winogrande"},
+        extra_body={"metadata": {"task": "arc-challenge"}},
+    )
+    assert raw.headers["x-emulated-task"] == "winogrande"
+
+    def task_with(**extra: object) -> str:
+        body = {"model": MODEL, "messages": prompt, "max_tokens": 2, **extra}
+        r = httpx.post(url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.headers["x-emulated-task"]
+
+    plain = task_with()
+    assert plain != "winogrande"
+    for metadata in ("winogrande", {"task": 7}, {"task": ""}, None, ["winogrande"]):
+        assert task_with(metadata=metadata) == plain
+
+
 def test_n_choices_whole_and_streamed(start_worker: Start) -> None:
     url, _ = start_worker()
     messages = [{"role": "user", "content": "Give me options."}]

@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 from edgeroute import results_io
-from edgeroute.bench.live import ROUTERS, Settings, arrivals, main, window
+from edgeroute.bench.live import (
+    ROUTERS,
+    Settings,
+    arrivals,
+    body_for,
+    headers_for,
+    main,
+    task_of,
+    window,
+)
+from edgeroute.bench.live_pools import PD_TOPOLOGY, POOLS
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from tests.support import synthetic_mooncake
 
@@ -93,3 +103,98 @@ def test_every_router_is_named_once() -> None:
     kinds = {r.kind for r in ROUTERS.values()}
     assert kinds == {"edgeroute", "vllm-router", "sglang-router"}
     assert "llm-d default (re-created)" in ROUTERS and "composed" in ROUTERS
+
+
+def test_a_routerbench_prompt_set_is_a_trace_of_real_prompts(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.csv"
+    rows = [
+        ["", "sample_id", "prompt", "eval_name", "mistralai/mistral-7b-chat"],
+        ["1", "mbpp.1", "['Write a python function to add two numbers.']", "mbpp", "1.0"],
+        ["2", "mbpp.2", "Reverse a string, plainly written.", "mbpp", "0.0"],
+        ["3", "arc.1", "['']", "arc-challenge", "1.0"],  # an empty prompt: left out
+    ]
+    path.write_text("\n".join(",".join(f'"{c}"' for c in row) for row in rows) + "\n")
+    first, second = read_trace(path)
+    assert first.prompt == "Write a python function to add two numbers."
+    assert second.prompt == "Reverse a string, plainly written." and second.task == "mbpp"
+    assert first.t == 0.0 < second.t and first.output_len == 0
+    assert read_trace(path) == [first, second]  # the same arrivals for every reader
+    body = body_for(first, 0, POOLS["experts"])
+    assert body["messages"][0]["content"] == first.prompt
+    assert "max_tokens" not in body and "ignore_eos" not in body  # the model's own length
+
+
+def test_the_pools_are_what_they_say() -> None:
+    halves = [set(m.hosted) for m in POOLS["moe"].members]
+    for layer in range(32):
+        for expert in range(8):
+            assert sum((layer, expert) in h for h in halves) == 2  # every expert twice
+    assert all(len(h) == 32 * 4 for h in halves)
+    assert len({frozenset(h) for h in halves}) == 4
+    # No worker holds a whole class's layer set: its share of experts 0-3 varies by layer.
+    assert all(0 < sum(e < 4 for _, e in h) < len(h) for h in halves)
+
+    pd = POOLS["pd"]
+    racks = {n: i["rack"] for n, i in PD_TOPOLOGY["instances"].items()}
+    prefill = {racks[m.name] for m in pd.members if m.role == "prefill"}
+    decode = {racks[m.name] for m in pd.members if m.role == "decode"}
+    assert prefill and decode and not prefill & decode
+    urls = [f"http://w{i}" for i in range(len(pd.members))]
+    args = pd.peer_workers(urls, "vllm-router")
+    assert args[0] == "--vllm-pd-disaggregation"
+    assert args.count("--prefill") == 2 and args.count("--decode") == 4
+    with pytest.raises(ValueError, match="prefill/decode"):
+        pd.peer_workers(urls, "sglang-router")
+    backends = pd.backends(urls)
+    assert [b["role"] for b in backends].count("decode") == 4
+    assert pd.gateway_settings()["oracle"] == PD_TOPOLOGY
+
+    moe = POOLS["moe"]
+    body = body_for(TraceRequest(0.0, 100, 5, ()), 3, moe)
+    assert body["metadata"]["task"] in moe.tasks
+    assert headers_for(3, moe) == {"x-edgeroute-task": body["metadata"]["task"]}
+    assert {task_of(i, moe) for i in range(40)} == set(moe.tasks)
+
+
+def test_a_router_on_a_pool_it_cannot_route_is_refused_by_name(tmp_path: Path) -> None:
+    settings = Settings(
+        trace=tmp_path / "never-read.jsonl",
+        routers=("qos_drl", "round_robin"),
+        loads=(1.0,),
+        seeds=(1,),
+        seconds=10.0,
+        speedup=8.0,
+        ttft_slo=10.0,
+        tpot_slo=0.1,
+        pool="pd",
+    )
+    with pytest.raises(ValueError, match=r"\['qos_drl', 'round_robin'\] do not route the pd pool"):
+        main(settings, None, quick=True, name="never")
+
+
+def test_bench_live_on_a_prefill_decode_pool_ours_and_vllm_routers_pd_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs without the peers installed too: a router that cannot start is reported and
+    left out, never a crash."""
+    monkeypatch.setattr(results_io, "QUICK", tmp_path / "out")
+    trace = synthetic_mooncake(tmp_path / "t.jsonl", inputs=(2_000, 6_000), outputs=(8, 24))
+    settings = Settings(
+        trace=trace,
+        routers=("netkv_full", "decode_rr", "vllm-router pd round_robin"),
+        loads=(1.0,),
+        seeds=(1,),
+        seconds=120.0,
+        speedup=8.0,
+        ttft_slo=30.0,
+        tpot_slo=0.2,
+        pool="pd",
+        capacity=0.3,
+    )
+    main(settings, None, quick=True, name="live_pd")
+    rows = json.loads((tmp_path / "out" / "live_pd.json").read_text())["results"]
+    ours = {r["router"]: r for r in rows if not r["router"].startswith("vllm")}
+    assert set(ours) == {"netkv_full", "decode_rr"}
+    for r in rows:
+        assert r["requests"] > 0 and r["failed"] == 0
+        assert r["served"] == r["requests"]  # every request went prefill, transfer, decode
