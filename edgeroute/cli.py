@@ -34,12 +34,12 @@ if TYPE_CHECKING:
 DEMO_ALIAS = "edge-llm"
 
 
-def _overrides(pairs: list[str]) -> dict[str, float | int]:
+def _overrides(pairs: list[str], flag: str = "--set") -> dict[str, float | int]:
     out: dict[str, float | int] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         if not key or not value:
-            raise SystemExit(f"--set takes key=value, not {pair!r}")
+            raise SystemExit(f"{flag} takes key=value, not {pair!r}")
         out[key] = int(value) if value.isdigit() else float(value)
     return out
 
@@ -85,6 +85,12 @@ def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
                 redis_url=args.redis_url,
                 admin_token=args.admin_token,
                 moe=moe,
+                background={
+                    k: float(v)
+                    for k, v in _overrides(args.background or [], "--background").items()
+                },
+                background_volatility=args.background_volatility,
+                seed=args.seed + i,
             )
         )
     return out
@@ -292,6 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--moe", help="YAML MoE mode settings (the experts hosted, link, costs): an MoE worker"
     )
+    worker.add_argument(
+        "--background",
+        action="append",
+        metavar="TIER=MEAN",
+        help="this instance's own background utilisation on a tier into it, wandering "
+        "around MEAN (repeatable; needs --topology)",
+    )
+    worker.add_argument(
+        "--background-volatility",
+        type=float,
+        default=0.5,
+        help="how far the background wanders, relative to its mean, per sqrt(second)",
+    )
+    worker.add_argument("--seed", type=int, default=0, help="the emulated world's seed")
     worker.add_argument(
         "--redis-url",
         default=os.environ.get("EDGEROUTE_REDIS_URL"),

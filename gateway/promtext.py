@@ -42,3 +42,24 @@ def read_labels(text: str, name: str) -> dict[str, str]:
                 out[key.strip()] = value.strip().strip('"')
             return out
     return {}
+
+
+def read_by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """`name`'s samples keyed by the value of one of their labels."""
+    out: dict[str, float] = {}
+    prefix = name + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        close = line.rfind("}")
+        labels = {}
+        for part in line[len(prefix) : close].split('",'):
+            key, _, value = part.partition("=")
+            labels[key.strip()] = value.strip().strip('"')
+        rest = line[close + 1 :].split()
+        if label in labels and rest:
+            try:
+                out[labels[label]] = float(rest[0])
+            except ValueError:
+                continue
+    return out

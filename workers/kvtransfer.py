@@ -3,7 +3,8 @@
 Flows that cross the same tier into this instance share that tier's effective
 bandwidth equally (processor sharing): a lone flow gets all of it, N flows get
 1/N each, and the survivors speed up when one finishes. The tier, its
-bandwidth, latency and congestion come from the shared `Topology`.
+bandwidth, latency and congestion come from the worker's `Topology`; a link keeps
+the emulated seconds it was busy, as a switch port's counters would.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class SharedLink:
         self._flows: list[_Flow] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.busy_seconds = 0.0  # emulated seconds with at least one flow
+
+    def refresh(self) -> None:
+        """The capacity changed: re-read it now, not at the next flow event."""
+        self._changed.set()
 
     @property
     def active(self) -> int:
@@ -58,6 +64,7 @@ class SharedLink:
             now = time.monotonic()
             elapsed = (now - last) * self._speedup
             last = now
+            self.busy_seconds += elapsed
             for flow in self._flows:
                 flow.remaining -= rate * elapsed
             for flow in [f for f in self._flows if f.remaining <= 1e-6]:

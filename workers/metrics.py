@@ -6,7 +6,7 @@ are observed as tokens are emitted. Times are emulated seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -116,10 +116,42 @@ class _EngineCollector(Collector):
             yield c
 
 
+class _NetworkCollector(Collector):
+    """The emulated network into this instance, per tier, as switch counters show it."""
+
+    def __init__(self, counters: Callable[[], dict[str, tuple[float, float]]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        found = self._counters()
+        background = GaugeMetricFamily(
+            "emulator:link_background",
+            "Background utilisation of the tier's link into this instance.",
+            labels=["tier"],
+        )
+        busy = CounterMetricFamily(
+            "emulator:link_busy_seconds",
+            "Emulated seconds the tier's link into this instance carried KV transfers.",
+            labels=["tier"],
+        )
+        for tier, (level, seconds) in found.items():
+            background.add_metric([tier], level)
+            busy.add_metric([tier], seconds)
+        yield background
+        yield busy
+
+
 class WorkerMetrics:
-    def __init__(self, engine: Engine, model: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model: str,
+        network: Callable[[], dict[str, tuple[float, float]]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model))
+        if network is not None:
+            self.registry.register(_NetworkCollector(network))
         self._model = model
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:

@@ -70,6 +70,11 @@ class WorkerConfig(BaseModel):
     # tasks answer with one letter; free-form chat is closer to code generation.
     default_task: str = "mbpp"
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
+    # This instance's own network weather: the mean background utilisation of each
+    # tier into it, around which it wanders (never read from the oracle).
+    background: dict[str, float] = Field(default_factory=dict)
+    background_volatility: float = Field(default=0.5, ge=0)
+    seed: int = 0
     moe: MoEConfig | None = None  # MoE worker mode: the experts it hosts
     odmoe: OdMoEConfig | None = None  # OD-MoE mode: experts loaded on demand
     # Required as a bearer token by /admin/*, which is closed without one (the
@@ -173,7 +178,7 @@ class Worker:
             speedup=config.speedup,
             extra_cost=extra.iteration_cost if extra is not None else None,
         )
-        self.metrics = WorkerMetrics(self.engine, config.names[0])
+        self.metrics = WorkerMetrics(self.engine, config.names[0], self.network_counters)
         self.engine.observers.append(self.metrics.observe)
         data_model = PROFILES[config.profile].data_model
         self.truth = GroundTruth(data_model, config.data_dir) if data_model else None
@@ -214,6 +219,41 @@ class Worker:
         await link.send(nbytes)
         self.metrics.xfer_time.observe(self.engine.wall() - start)
         self.metrics.xfer_bytes.observe(nbytes)
+
+    async def wander_background(self, step: float = 0.5) -> None:
+        """Move each tier's background around its mean (an Ornstein-Uhlenbeck walk in
+        emulated time), in this worker's own topology; the links re-read it at once."""
+        import random
+
+        rng = random.Random(self.config.seed)
+        means = self.config.background
+        level = dict(means)
+        sigma = self.config.background_volatility * step**0.5
+        while True:
+            topo = self.config.topology
+            if topo is not None:
+                self.config.topology = topo.model_copy(update={"congestion": dict(level)})
+                for link in self.links.values():
+                    link.refresh()
+            await asyncio.sleep(step / self.config.speedup)
+            for tier, mean in means.items():
+                b = level[tier] + (mean - level[tier]) * min(1.0, step)
+                level[tier] = min(0.95, max(0.0, b + sigma * mean * rng.gauss(0.0, 1.0)))
+
+    def network_counters(self) -> dict[str, tuple[float, float]]:
+        """Per tier into this instance: (background utilisation now, emulated seconds
+        the link has been busy with transfers)."""
+        topo = self.config.topology
+        if topo is None:
+            return {}
+        tiers = set(self.config.background) | set(self.links)
+        return {
+            tier: (
+                topo.congestion.get(tier, 0.0),
+                self.links[tier].busy_seconds if tier in self.links else 0.0,
+            )
+            for tier in sorted(tiers)
+        }
 
     async def follow_oracle(self, every: float = 1.0) -> None:
         """Keep the emulated network on the topology operators push into the oracle."""
@@ -464,6 +504,11 @@ class Worker:
             oracle_task = (
                 asyncio.create_task(worker.follow_oracle()) if worker.config.redis_url else None
             )
+            weather = (
+                asyncio.create_task(worker.wander_background())
+                if worker.config.background
+                else None
+            )
             worker.engine.start()
             log.info(
                 "worker %s (%s, role %s, speedup %g) ready",
@@ -474,8 +519,9 @@ class Worker:
             )
             yield
             stats_task.cancel()
-            if oracle_task is not None:
-                oracle_task.cancel()
+            for task in (oracle_task, weather):
+                if task is not None:
+                    task.cancel()
             await worker.engine.stop()
             log.info("worker %s stopped", worker.config.id)
 

@@ -56,6 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     n = command("netkv", help="NetKV's experiments 1, 2, 3, 4 and 6 on the simulator")
     common(n)
     n.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
+    n.add_argument(
+        "--live",
+        action="store_true",
+        help="through the gateway: prefill/decode workers on a network of their own, "
+        "congestion from the operator's telemetry (bench live's pd-net pool)",
+    )
     n.add_argument("--trace", help="Mooncake-format trace (default: the data folder's)")
     n.add_argument(
         "--profile",
@@ -123,8 +129,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     lv.add_argument(
         "--pool",
         default="mixed",
-        choices=["mixed", "experts", "moe", "pd"],
-        help="the workers: mixed engines, quality experts, MoE workers, or prefill/decode",
+        choices=["mixed", "experts", "moe", "pd", "pd-net"],
+        help="the workers: mixed engines, quality experts, MoE workers, or prefill/decode "
+        "(pd-net: on a network of its own, congestion from the operator's telemetry)",
     )
     lv.add_argument(
         "--data-dir", help="data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
@@ -215,6 +222,25 @@ def _capacity(a: argparse.Namespace) -> None:
 
 
 def _netkv(a: argparse.Namespace) -> None:
+    if a.live:
+        from edgeroute.bench import live
+        from edgeroute.sim.workload import PROFILES
+        from workers.quality import default_data_dir
+
+        trace = a.trace or default_data_dir() / "mooncake" / "conversation_trace.jsonl.gz"
+        settings = live.Settings(
+            trace=Path(trace),
+            routers=("netkv_full", "decode_rr", "decode_la", "decode_cla"),
+            loads=(1.0,) if a.quick else (1.0, 1.5),
+            seeds=tuple(range(a.seed, a.seed + (1 if a.quick else a.seeds))),
+            seconds=30.0 if a.quick else 60.0,
+            speedup=8.0,
+            ttft_slo=PROFILES[a.profile].slo_s,
+            tpot_slo=0.1,
+            pool="pd-net",
+        )
+        live.main(settings, a.json, a.quick, "netkv_live")
+        return
     from edgeroute.bench.netkv import main
 
     main(a.quick, a.seed, a.json, a.trace, a.profile, a.seeds)

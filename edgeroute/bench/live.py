@@ -30,6 +30,7 @@ arrival jitter, the trace stays the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +51,9 @@ from typing import Any
 import httpx
 import yaml
 
-from edgeroute.bench.live_pools import MODEL, POOLS, Pool
+from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds
+from edgeroute.bench.operator import operate
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.bench.stats import interval
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
@@ -124,11 +126,11 @@ ROUTERS = {
         Router("qos_drl", "edgeroute", {"policy": "qos_drl"}, frozenset({"experts"})),
         Router("prism", "edgeroute", {"policy": "prism"}, frozenset({"moe"})),
         *(
-            Router(name, "edgeroute", {"policy": name}, frozenset({"pd"}), "decode")
+            Router(name, "edgeroute", {"policy": name}, frozenset({"pd", "pd-net"}), "decode")
             for name in ("netkv_full", "decode_rr", "decode_la", "decode_cla")
         ),
         *(
-            Router(f"vllm-router pd {p}", "vllm-router", p, frozenset({"pd"}))
+            Router(f"vllm-router pd {p}", "vllm-router", p, frozenset({"pd", "pd-net"}))
             for p in ("round_robin", "power_of_two", "cache_aware")
         ),
     )
@@ -202,12 +204,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def workers(kind: Pool, speedup: float, data_dir: Path | None) -> Iterator[list[str]]:
+def workers(kind: Pool, speedup: float, data_dir: Path | None, seed: int) -> Iterator[list[str]]:
     """Fresh workers, one process each; yields their URLs."""
     ports = free_ports(len(kind.members))
     with tempfile.TemporaryDirectory() as tmp:
         procs = [
-            _spawn(kind.worker_command(i, port, speedup, Path(tmp), data_dir))
+            _spawn(kind.worker_command(i, port, speedup, Path(tmp), data_dir, seed))
             for i, port in enumerate(ports)
         ]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -379,9 +381,27 @@ def _completion_tokens(chunk: bytes) -> int:
 
 
 async def replay(
+    url: str,
+    requests: list[tuple[float, TraceRequest]],
+    speedup: float,
+    kind: Pool,
+    operator: Coroutine[Any, Any, None] | None = None,
+) -> list[Result]:
+    """Send each request at its (emulated) time; the same prompts for every router.
+    `operator`, if given, runs beside the replay (the operator's telemetry loop)."""
+    side = asyncio.create_task(operator) if operator is not None else None
+    try:
+        return await _replay(url, requests, speedup, kind)
+    finally:
+        if side is not None:
+            side.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await side
+
+
+async def _replay(
     url: str, requests: list[tuple[float, TraceRequest]], speedup: float, kind: Pool
 ) -> list[Result]:
-    """Send each request at its (emulated) time; the same prompts for every router."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
@@ -491,7 +511,7 @@ def measure_capacity(s: Settings, trace: list[TraceRequest]) -> float:
     kind = s.workers
     servable = [r for r in trace if fits(r, kind.profiles)]
     with (
-        workers(kind, s.speedup, s.data_dir) as urls,
+        workers(kind, s.speedup, s.data_dir, s.seeds[0]) as urls,
         running(ROUTERS[kind.capacity_router], kind, urls) as (url, _),
     ):
         # Enough clients to keep every worker's KV memory full.
@@ -516,12 +536,16 @@ def run_one(
     reqs = arrivals(trace, load * capacity, s.seconds, seed)
     kind = s.workers
     with (
-        workers(kind, s.speedup, s.data_dir) as urls,
+        workers(kind, s.speedup, s.data_dir, seed) as urls,
         running(router, kind, urls) as (url, pid),
     ):
         before = workers_state(urls)
         cpu0 = cpu_seconds(pid)
-        results = asyncio.run(replay(url, reqs, s.speedup, kind))
+        operator = None
+        if kind.telemetry is not None and router.kind == "edgeroute":
+            decodes = [u for u, m in zip(urls, kind.members, strict=True) if m.role == "decode"]
+            operator = operate(url, ADMIN_TOKEN, decodes, s.speedup, kind.telemetry, seed)
+        results = asyncio.run(replay(url, reqs, s.speedup, kind, operator))
         cpu = cpu_seconds(pid) - cpu0
         after = workers_state(urls)
     queries = after["queries"] - before["queries"]

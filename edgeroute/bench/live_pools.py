@@ -10,7 +10,12 @@
 - `pd`: prefill/decode disaggregation, two prefill and four decode instances in a
   three-pod topology where no decode instance shares a prefill instance's rack; KV
   caches cross the emulated network into the decode instance (for NetKV and
-  vllm-router's PD mode).
+  vllm-router's PD mode). The workers' network is the topology the oracle is given.
+- `pd-net`: the same instances on a network of their own: the workers' tier
+  capacities are not the oracle's nominal figures, each decode instance has its own
+  background on each tier into it, wandering around a mean drawn per instance and
+  seed (hot spots), and congestion reaches the gateway only from the operator's
+  telemetry loop (`bench.operator`), late and inexactly.
 
 A pool yields the worker commands, the gateway's backend entries and extra settings,
 and a peer router's worker arguments.
@@ -18,6 +23,8 @@ and a peer router's worker arguments.
 
 from __future__ import annotations
 
+import math
+import random
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,10 +33,12 @@ from typing import Any
 
 import yaml
 
+from edgeroute.bench.operator import Telemetry
 from workers.profiles import EXPERTS, PROFILES
 
 MODEL = "live"
 WORKER_TOKEN = "live-bench-worker"  # the MoE workers' admin token, for Prism's pushes
+ADMIN_TOKEN = "live-bench-operator"  # the gateway's, for the operator's telemetry
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,14 @@ PD_TOPOLOGY: dict[str, Any] = {
     "tier_latency": {"node": 1.0, "rack": 5.0, "pod": 10.0, "cluster": 20.0},
     "congestion": {"pod": 0.5},
 }
+# What the links of `pd-net` really carry per flow into an instance (the oracle is told
+# PD_TOPOLOGY's nominal figures, without congestion).
+PHYSICAL: dict[str, Any] = {
+    **PD_TOPOLOGY,
+    "tier_bandwidth": {"node": 3200.0, "rack": 80.0, "pod": 30.0, "cluster": 20.0},
+    "congestion": {},
+}
+NOMINAL: dict[str, Any] = {**PD_TOPOLOGY, "congestion": {}}
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,10 @@ class Pool:
     members: tuple[Member, ...]
     capacity_router: str  # the router the pool's capacity is measured through
     tasks: tuple[str, ...] = ()  # request classes, drawn per request (MoE)
-    topology: dict[str, Any] | None = None  # disaggregated pools
+    topology: dict[str, Any] | None = None  # disaggregated pools: the oracle's
+    network: dict[str, Any] | None = None  # the workers' own, when not the oracle's
+    background: dict[str, float] = field(default_factory=dict)  # per-tier mean, decode side
+    telemetry: Telemetry | None = None  # congestion from the operator's loop
     quality: bool = False  # the workers answer with the data's real scores
     notes: str = ""
     extra_settings: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +117,7 @@ class Pool:
         return [m.name or f"w{i}" for i, m in enumerate(self.members)]
 
     def worker_command(
-        self, i: int, port: int, speedup: float, folder: Path, data_dir: Path | None
+        self, i: int, port: int, speedup: float, folder: Path, data_dir: Path | None, seed: int
     ) -> list[str]:
         m = self.members[i]
         names = [MODEL, m.profile] if self.quality else [MODEL]
@@ -122,8 +142,12 @@ class Pool:
             cmd += ["--data-dir", str(data_dir)]
         if self.topology is not None:
             path = folder / "topology.yaml"
-            path.write_text(yaml.safe_dump(self.topology))
+            path.write_text(yaml.safe_dump(self.network or self.topology))
             cmd += ["--role", m.role, "--instance-id", self.ids()[i], "--topology", str(path)]
+            if m.role == "decode" and self.background:
+                for tier, level in self.hot_spots(i, seed).items():
+                    cmd += ["--background", f"{tier}={level:.4f}"]
+                cmd += ["--seed", str(seed * 100 + i)]
         if m.hosted:
             path = folder / f"moe-{i}.yaml"
             path.write_text(yaml.safe_dump({"hosted": [list(h) for h in m.hosted]}))
@@ -147,10 +171,21 @@ class Pool:
             out.append(entry)
         return out
 
+    def hot_spots(self, i: int, seed: int) -> dict[str, float]:
+        """Worker `i`'s own mean background per tier: log-normal around the pool's."""
+        rng = random.Random(seed * 100 + i)
+        spread = 0.6
+        return {
+            tier: min(0.9, mean * math.exp(rng.gauss(-spread * spread / 2, spread)))
+            for tier, mean in self.background.items()
+        }
+
     def gateway_settings(self) -> dict[str, Any]:
         extra = dict(self.extra_settings)
         if self.topology is not None:
             extra["oracle"] = self.topology
+        if self.telemetry is not None:
+            extra["admin_token"] = ADMIN_TOKEN
         return extra
 
     def peer_workers(self, urls: Sequence[str], kind: str) -> list[str]:
@@ -228,6 +263,34 @@ POOLS = {
                 "prefill rack; the pod tier 50% congested. The workers' emulated network "
                 "is the topology the oracle is given (the same file): NetKV's model is "
                 "the physics here, as #20 says"
+            ),
+        ),
+        Pool(
+            "pd-net",
+            tuple(
+                Member("mistral-7b-chat", role, name)
+                for name, role in (
+                    ("p0", "prefill"),
+                    ("p1", "prefill"),
+                    ("d0", "decode"),
+                    ("d1", "decode"),
+                    ("d2", "decode"),
+                    ("d3", "decode"),
+                )
+            ),
+            capacity_router="decode_la",
+            topology=NOMINAL,
+            network=PHYSICAL,
+            background={"pod": 0.3, "cluster": 0.3},
+            telemetry=Telemetry(),
+            notes=(
+                "two prefill and four decode mistral-7b workers, placed as in `pd`, on a "
+                "network of their own: per-flow tier capacities rack 80, pod 30, cluster "
+                "20 Gbps into an instance (the oracle is told 100, 50, 12.5), each decode "
+                "instance's own background on the pod and cluster tiers wandering around "
+                "a mean drawn per instance and seed (log-normal around 30%); congestion "
+                "reaches the gateway only from the operator's loop (per-tier utilisation "
+                "every 1 s, 2 s late, 10% noise)"
             ),
         ),
     )

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import openai
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
 
 from tests.support import RedisProcess, wait_until
 
@@ -147,3 +154,75 @@ def test_no_feasible_decode_instance_is_a_clear_503(
     assert r.status_code == 503 and r.headers["retry-after"]
     # Draining both decode instances leaves none past the 'healthy' filter.
     assert "no backend passed the 'healthy' filter" in r.json()["error"]["message"]
+
+
+def test_self_contention_lasts_until_the_first_event_not_the_response_head(
+    start_worker: Start, start_gateway: Start, servers: Any
+) -> None:
+    """A decode engine answers its head at once and its first event only once the KV
+    cache has arrived (vLLM streams so). The transfer counts against NetKV's
+    self-contention until that first event, not from the head."""
+    arrived, released = threading.Event(), threading.Event()
+
+    async def chat(request: Request) -> StreamingResponse:
+        await request.body()
+        arrived.set()
+
+        async def events() -> AsyncIterator[bytes]:
+            while not released.is_set():
+                await asyncio.sleep(0.01)
+            chunk = {
+                "id": "chatcmpl-held",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": MODEL,
+                "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+            }
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def empty(_: Request) -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    held = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health", empty),
+            Route("/metrics", empty),
+        ]
+    )
+    decode_url, _ = servers.serve(held)
+    prefill_url, _ = start_worker(role="prefill", instance_id="p0", speedup=1.0)
+    url, gw = start_gateway(
+        [
+            {"url": prefill_url, "id": "p0", "role": "prefill", "models": [MODEL]},
+            {"url": decode_url, "id": "dB", "role": "decode", "models": [MODEL]},
+        ],
+        oracle=TOPOLOGY,
+    )
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    done: list[int] = []
+
+    def client() -> None:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+            r.read()
+            done.append(r.status_code)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        wait_until(arrived.is_set, timeout=30)
+        wait_until(lambda: gw.transfers.counts == {("p0", "pod"): 1})
+        assert gw.transfers.counts == {("p0", "pod"): 1}  # the head alone does not end it
+    finally:
+        released.set()
+        thread.join(30)
+    assert done == [200]
+    wait_until(lambda: gw.transfers.counts == {})

@@ -9,7 +9,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from gateway.promtext import read_by_label
 from oracle.topology import Topology
+from tests.support import wait_until
 from workers.kvtransfer import SharedLink
 from workers.server import Worker
 
@@ -80,3 +82,48 @@ async def test_concurrent_flows_share_a_tier_and_speed_up_when_one_ends() -> Non
     a, b = await asyncio.gather(send(10e6), send(20e6))
     assert a == pytest.approx(0.2, rel=0.1)
     assert b == pytest.approx(0.3, rel=0.1)
+
+
+def background_levels(url: str) -> dict[str, float]:
+    return read_by_label(httpx.get(url + "/metrics").text, "emulator:link_background", "tier")
+
+
+def test_a_decode_instance_has_its_own_weather_and_counts_its_busy_link(
+    start_worker: Start,
+) -> None:
+    """The worker's network is its own: its background wanders around means it was
+    given (it reads no oracle), and its links count the seconds they carried KV."""
+    calm = TOPOLOGY.model_copy(update={"congestion": {}})
+    purl, _ = start_worker(role="prefill", instance_id="p0", topology=calm, speedup=20.0)
+    url, worker = start_worker(
+        role="decode",
+        instance_id="d-far",
+        topology=calm,
+        speedup=20.0,
+        background={"cluster": 0.4},
+        seed=3,
+    )
+    assert worker.config.redis_url is None
+    seen: set[float] = set()
+
+    def wandered() -> bool:
+        level = background_levels(url).get("cluster")
+        if level is not None:
+            seen.add(level)
+        return len(seen) >= 3
+
+    wait_until(wandered, timeout=30)
+    assert all(0.0 <= v <= 0.95 for v in seen)
+    assert worker.config.topology is not None and "cluster" in worker.config.topology.congestion
+    body = {
+        "model": "mistral-7b-chat",
+        "messages": [{"role": "user", "content": "a long shared document " * 300}],
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
+    params = httpx.post(purl + "/v1/chat/completions", json=body, timeout=30).json()
+    decode = {**body, "max_tokens": 2, "kv_transfer_params": params["kv_transfer_params"]}
+    assert httpx.post(url + "/v1/chat/completions", json=decode, timeout=30).status_code == 200
+    text = httpx.get(url + "/metrics").text
+    busy = read_by_label(text, "emulator:link_busy_seconds_total", "tier")
+    assert busy["cluster"] > 0
