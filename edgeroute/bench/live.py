@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -429,7 +430,8 @@ async def closed_loop(
     counted_from = start + seconds / speedup / 3
     deadline = start + seconds / speedup
     done: list[float] = []
-    queue = iter(enumerate(trace))
+    # Round the trace again if it runs out first (a prompt set of a hundred prompts).
+    queue = iter(enumerate(itertools.cycle(trace)))
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
 
         async def loop() -> None:
