@@ -160,7 +160,7 @@ class Pool:
             entry: dict[str, Any] = {"url": url, "id": bid}
             if self.topology is not None:
                 entry["role"] = m.role
-                entry["profile"] = {"kv_bytes_per_token": PROFILES[m.profile].kv_bytes_per_token}
+                entry["profile"] = engine_profile(m.profile)
             if m.hosted:
                 entry["moe"] = {
                     "gpu_memory_gb": [len(m.hosted) * 0.35],
@@ -198,6 +198,22 @@ class Pool:
         for m, url in zip(self.members, urls, strict=True):
             args += ["--prefill" if m.role == "prefill" else "--decode", url]
         return args
+
+
+# NetKV's decode cost needs a profile of the engine, as an operator would measure it:
+# the emulated engine's iteration costs, per sequence at an 8K-token context (the
+# gateway's profile has no per-token term).
+PROFILE_CONTEXT = 8192
+
+
+def engine_profile(name: str) -> dict[str, float]:
+    p = PROFILES[name]
+    return {
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "iter_base": p.base,
+        "iter_per_seq": p.k2 * PROFILE_CONTEXT,
+        "max_batch": p.max_batch,
+    }
 
 
 _HALVES = _rotating_halves(4)
