@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from edgeroute import results_io
 from edgeroute.bench.live import (
@@ -22,7 +24,7 @@ from edgeroute.bench.live import (
     task_of,
     window,
 )
-from edgeroute.bench.live_pools import PD_TOPOLOGY, POOLS
+from edgeroute.bench.live_pools import ADMIN_TOKEN, PD_TOPOLOGY, PHYSICAL, POOLS
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from tests.support import synthetic_mooncake
 
@@ -148,6 +150,21 @@ def test_the_pools_are_what_they_say() -> None:
     backends = pd.backends(urls)
     assert [b["role"] for b in backends].count("decode") == 4
     assert pd.gateway_settings()["oracle"] == PD_TOPOLOGY
+
+    net = POOLS["pd-net"]
+    assert net.gateway_settings()["oracle"]["tier_bandwidth"] != PHYSICAL["tier_bandwidth"]
+    assert not net.gateway_settings()["oracle"]["congestion"]  # only telemetry brings it
+    assert net.gateway_settings()["admin_token"] == ADMIN_TOKEN
+    folder = Path(tempfile.mkdtemp())
+    decode = [i for i, m in enumerate(net.members) if m.role == "decode"]
+    commands = [net.worker_command(i, 9000 + i, 8.0, folder, None, seed=2) for i in decode]
+    assert all("--background" in c and "--redis-url" not in c for c in commands)
+    assert yaml.safe_load((folder / "topology.yaml").read_text()) == PHYSICAL
+    spots = [net.hot_spots(i, 2) for i in decode]
+    assert len({s["cluster"] for s in spots}) == len(decode)  # uneven across instances
+    assert spots != [net.hot_spots(i, 3) for i in decode]  # and moved by the seed
+    prefill = net.worker_command(0, 9000, 8.0, folder, None, seed=2)
+    assert "--background" not in prefill
 
     moe = POOLS["moe"]
     body = body_for(TraceRequest(0.0, 100, 5, ()), 3, moe)
