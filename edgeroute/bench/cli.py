@@ -231,7 +231,7 @@ def _netkv(a: argparse.Namespace) -> None:
         settings = live.Settings(
             trace=Path(trace),
             routers=("netkv_full", "decode_rr", "decode_la", "decode_cla"),
-            loads=(1.0,) if a.quick else (1.0, 1.5),
+            loads=(1.0,) if a.quick else (1.25,),
             seeds=tuple(range(a.seed, a.seed + (1 if a.quick else a.seeds))),
             seconds=30.0 if a.quick else 60.0,
             speedup=8.0,
