@@ -1,10 +1,13 @@
 """The gateway as Prism's global scheduler.
 
 Every `stats_interval` it reads each MoE backend's activation statistics
-(`GET /moe/stats`: per request class, per layer and expert); every `replan_seconds`
-(default 5 minutes) it plans a placement with Prism over those statistics and adopts
-it only when eq. 4 says so, pushing each changed backend its experts
-(`PUT /admin/placement`, applied there with an emulated transfer time). Operators can
+(`GET /moe/stats`: cumulative counts per request class, per layer and expert); every
+`replan_seconds` (default 5 minutes) it plans a placement with Prism over the
+activations observed since the last plan, and adopts it only when eq. 4 says so:
+C(P') + T_mig(P, P') < C(P), where C is the remote calls per second the placement
+would leave (observed rates), times each backend's cost of a remote call, over the
+next period. Adopting pushes each changed backend its experts (`PUT
+/admin/placement`, applied there with an emulated transfer time). Operators can
 read the current map, the last candidate with its expected cost, and the history,
 and can force a plan or freeze the map. The expert map and the per-class statistics
 feed the `prism` routing policy.
@@ -71,6 +74,9 @@ class PrismScheduler:
         self.candidate: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
+        # The counts at the start of the current window (the last plan), and when.
+        self._window: dict[str, np.ndarray] = {}
+        self._window_at = time.monotonic()
 
     def backends(self) -> list[Any]:
         return [b for b in self.pool if b.config.moe is not None]
@@ -86,6 +92,7 @@ class PrismScheduler:
 
     async def _loop(self) -> None:
         last_plan = time.monotonic()
+        every = min(self.stats_interval, self.replan_seconds / 2)
         while True:
             try:
                 await self.collect()
@@ -100,7 +107,7 @@ class PrismScheduler:
                 log.warning("%s", exc)
             except Exception:
                 log.exception("prism scheduler step failed")
-            await asyncio.sleep(self.stats_interval)
+            await asyncio.sleep(every)
 
     async def collect(self) -> None:
         fetched: set[str] = set()
@@ -172,7 +179,14 @@ class PrismScheduler:
                 out[cls] = out[cls] + arr if cls in out else arr
         return out
 
+    def _totals(self, backend_id: str, layers: int, experts: int) -> np.ndarray:
+        total = np.zeros((layers, experts))
+        for counts in self.reports[backend_id].get("classes", {}).values():
+            total += np.asarray(counts, dtype=float)
+        return total
+
     def _problem(self) -> tuple[list[Any], list[Server], list[np.ndarray], int, float]:
+        """The backends, their servers, and each one's activations in this window."""
         backends = [b for b in self.backends() if b.id in self.reports]
         if not backends:
             raise ValueError("no MoE backend has reported statistics yet")
@@ -185,10 +199,12 @@ class PrismScheduler:
         ]
         freq = []
         for b in backends:
-            total = np.zeros((layers, experts))
-            for counts in self.reports[b.id].get("classes", {}).values():
-                total += np.asarray(counts, dtype=float)
-            freq.append(total + 1e-6)
+            now = self._totals(b.id, layers, experts)
+            before = self._window.get(b.id)
+            seen = now - before if before is not None and before.shape == now.shape else now
+            if (seen < 0).any():  # the worker restarted: its counts began again
+                seen = now
+            freq.append(seen + 1e-6)
         return backends, servers, freq, experts, size
 
     @staticmethod
@@ -209,24 +225,45 @@ class PrismScheduler:
 
     async def replan(self, force: bool) -> dict[str, Any]:
         backends, servers, freq, experts, size = self._problem()
+        elapsed = max(1e-3, time.monotonic() - self._window_at)
         new = prism(servers, experts, size, freq)
         old = self._placement(servers, [self.map.get(b.id, []) for b in backends], size)
-        # Remote invocations seen per second, and what each costs over a local one.
-        calls = sum(f.sum() for f in freq)
-        per_call = 0.003
-        scale = per_call * self.replan_seconds / max(1.0, calls)
-        cost_old = remote_cost(old, freq) * scale
-        cost_new = remote_cost(new, freq) * scale
+        # Eq. 4 in seconds: remote calls per second under each placement (the observed
+        # rates), times each backend's cost of one, over the next period.
+        per_call = [b.config.moe.remote_call_s for b in backends]
+        horizon = self.replan_seconds / elapsed
+        cost_old = remote_cost(old, freq, per_call) * horizon
+        cost_new = remote_cost(new, freq, per_call) * horizon
         mig = migration_seconds(old, new, servers, size)
-        adopt = force or should_adopt(cost_new, mig, cost_old)
+        better = should_adopt(cost_new, mig, cost_old)
+        adopt = force or better
+        calls = sum(float(f.sum()) for f in freq) / elapsed
+        if better:
+            reason = "C(P') + T_mig < C(P): the new placement pays for its migration"
+        elif cost_new >= cost_old:
+            reason = "kept: the new placement would not make fewer remote calls"
+        else:
+            reason = "kept: the migration costs more than the remote calls it saves"
+        if force and not better:
+            reason = "forced by an operator; " + reason
         self.candidate = {
             "expected_cost_s": float(cost_new),
             "current_cost_s": float(cost_old),
             "migration_s": float(mig),
+            "calls_per_s": calls,
+            "horizon_s": self.replan_seconds,
+            "window_s": elapsed,
             "adopted": bool(adopt),
             "forced": force,
+            "reason": reason,
             "at": time.time(),
         }
+        # The next window starts now, whatever was decided.
+        self._window = {
+            b.id: self._totals(b.id, f.shape[0], f.shape[1])
+            for b, f in zip(backends, freq, strict=True)
+        }
+        self._window_at = time.monotonic()
         failures: dict[str, str] = {}
         if adopt:
             changed = [(b, sorted(new.on_server(n))) for n, b in enumerate(backends)]

@@ -56,6 +56,10 @@ class MoEBackend(BaseModel):
     io_gbps: list[float] = Field(default_factory=lambda: [2.0])
     expert_gb: float = Field(default=0.35, gt=0)
     admin_token: SecretStr | None = None  # the worker's, for pushing placements
+    # What one remote expert call costs this backend over a local one, in seconds: the
+    # round trip, the activations over the link and the remote load (the emulated
+    # worker's defaults: 1 ms + 2 x 8 KB at 500 Mbps + 2 ms).
+    remote_call_s: float = Field(default=0.00326, gt=0)
 
 
 class BackendConfig(BaseModel):

@@ -19,6 +19,7 @@ GPUs never exceeds a GPU's memory.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -225,52 +226,59 @@ def should_adopt(cost_new: float, migration: float, cost_old: float) -> bool:
 # -- baselines ------------------------------------------------------------------------------
 
 
-def _fill(
-    servers: Sequence[Server],
-    expert_size: float,
-    experts: int,
-    layers: int,
-    order: Sequence[Expert],
-    primary: Sequence[int],
-) -> list[list[set[int]]]:
-    """Place `order[i]` on server `primary[i]`, skipping full servers."""
-    cap = [s.capacity(expert_size) for s in servers]
-    sets: list[list[set[int]]] = [[set() for _ in range(layers)] for _ in servers]
-    for (layer, e), n in zip(order, primary, strict=True):
-        for k in range(len(servers)):
-            m = (n + k) % len(servers)
-            if cap[m] > 0 and e not in sets[m][layer]:
-                sets[m][layer].add(e)
-                cap[m] -= 1
-                break
-    return sets
-
-
-def uniform(servers: Sequence[Server], experts: int, layers: int, expert_size: float) -> Placement:
-    """Each expert once, spread evenly over servers in proportion to their capacity."""
-    cap = np.array([s.capacity(expert_size) for s in servers], float)
-    order = [(layer, e) for layer in range(layers) for e in range(experts)]
-    share = np.cumsum(cap / cap.sum())
-    primary = [int(np.searchsorted(share, (i + 0.5) / len(order))) for i in range(len(order))]
-    return pack(servers, expert_size, _fill(servers, expert_size, experts, layers, order, primary))
+def uniform(
+    servers: Sequence[Server], experts: int, layers: int, expert_size: float, seed: int = 0
+) -> Placement:
+    """Prism's Uniform baseline (Megatron-LM's expert parallelism): each expert once,
+    every layer's experts shuffled and dealt over the GPUs in turn, so each GPU gets
+    about the same number of random experts per layer (a GPU that is full is skipped)."""
+    rng = random.Random(seed)
+    gpus = [(n, g) for n, s in enumerate(servers) for g in range(len(s.gpu_memory))]
+    room = [int(servers[n].gpu_memory[g] // expert_size) for n, g in gpus]
+    placed: list[set[Expert]] = [set() for _ in gpus]
+    turn = 0
+    for layer in range(layers):
+        order = list(range(experts))
+        rng.shuffle(order)
+        for e in order:
+            for k in range(len(gpus)):
+                m = (turn + k) % len(gpus)
+                if room[m] > 0:
+                    placed[m].add((layer, e))
+                    room[m] -= 1
+                    turn = m + 1
+                    break
+    return _placement(servers, gpus, placed)
 
 
 def redundance(
-    servers: Sequence[Server], experts: int, layers: int, expert_size: float
+    servers: Sequence[Server], experts: int, layers: int, expert_size: float, seed: int = 0
 ) -> Placement:
-    """Uniform, then every server fills its spare memory with copies, layer by layer."""
-    base = uniform(servers, experts, layers, expert_size)
-    sets = [base.layer_sets(n, layers) for n in range(len(servers))]
-    for n, s in enumerate(servers):
-        spare = s.capacity(expert_size) - sum(len(x) for x in sets[n])
-        e = 0
-        while spare > 0 and any(len(x) < experts for x in sets[n]):
-            for layer in range(layers):
-                if spare and (e % experts) not in sets[n][layer]:
-                    sets[n][layer].add(e % experts)
-                    spare -= 1
-            e += 1
-    return pack(servers, expert_size, sets)
+    """Prism's Redundance baseline: Uniform, then every GPU's spare memory takes random
+    experts that its server does not hold yet (copies across servers)."""
+    rng = random.Random(seed + 1)
+    base = uniform(servers, experts, layers, expert_size, seed)
+    gpus = [(n, g) for n, s in enumerate(servers) for g in range(len(s.gpu_memory))]
+    placed = [set(base.gpus[n][g]) for n, g in gpus]
+    for k, (n, g) in enumerate(gpus):
+        spare = int(servers[n].gpu_memory[g] // expert_size) - len(placed[k])
+        held = set().union(*(placed[j] for j, (m, _) in enumerate(gpus) if m == n))
+        missing = [(la, e) for la in range(layers) for e in range(experts) if (la, e) not in held]
+        rng.shuffle(missing)
+        placed[k].update(missing[: max(0, spare)])
+    return _placement(servers, gpus, placed)
+
+
+def _placement(
+    servers: Sequence[Server], gpus: Sequence[tuple[int, int]], placed: Sequence[set[Expert]]
+) -> Placement:
+    """Per-GPU sets, listed as `gpus` (server, GPU) pairs, as a Placement."""
+    return Placement(
+        tuple(
+            tuple(frozenset(placed[gpus.index((n, g))]) for g in range(len(s.gpu_memory)))
+            for n, s in enumerate(servers)
+        )
+    )
 
 
 def smartmoe(
@@ -311,29 +319,51 @@ def smartmoe(
 def eplb(
     servers: Sequence[Server], experts: int, expert_size: float, freq: Sequence[np.ndarray]
 ) -> Placement:
-    """EPLB-style: every expert once plus replicas of the globally hottest experts, as
-    many as memory allows, each replica on the least-loaded server that lacks it."""
+    """DeepSeek's Expert Parallelism Load Balancer (its global policy), per layer:
+
+    1. the layer's share of the physical slots (all GPUs' memory, split evenly over the
+       layers) holds every expert once, and each further slot replicates the expert
+       with the highest load per replica (`replicate_experts`);
+    2. the replicas, each carrying its expert's load over its replica count, are packed
+       heaviest first onto the GPU with the least load that still has room
+       (`balanced_packing`).
+
+    The load is the activations summed over all servers: EPLB balances GPUs and does
+    not look at where requests come from. Ported to heterogeneous GPUs (the open-source
+    version assumes equal ones) as the Prism paper did: a GPU's room is its own memory.
+    Two simplifications, named: a server holds an expert at most once (a second copy
+    on the same server would serve no one), so replicas are capped at the number of
+    servers; and the hierarchical (node-group) stage is not used, as with DeepSeek's
+    own global policy when groups do not divide evenly.
+    """
     layers = freq[0].shape[0]
     load = np.stack(list(freq)).sum(0)
-    base = smartmoe(servers, experts, expert_size, [np.zeros_like(f) for f in freq])
-    sets = [base.layer_sets(n, layers) for n in range(len(servers))]
-    room = [s.capacity(expert_size) - sum(len(x) for x in sets[n]) for n, s in enumerate(servers)]
-    hot = sorted(
-        ((layer, e) for layer in range(layers) for e in range(experts)),
-        key=lambda x: -load[x[0], x[1]],
-    )
-    while any(room) and hot:
-        for layer, e in list(hot):
-            free = [n for n in range(len(servers)) if room[n] > 0 and e not in sets[n][layer]]
-            if not free:
-                hot.remove((layer, e))
+    gpus = [(n, g) for n, s in enumerate(servers) for g in range(len(s.gpu_memory))]
+    room = [int(servers[n].gpu_memory[g] // expert_size) for n, g in gpus]
+    total = sum(room)
+    placed: list[set[Expert]] = [set() for _ in gpus]
+    for layer in range(layers):
+        slots = min(total // layers + (1 if layer < total % layers else 0), experts * len(servers))
+        replicas = np.ones(experts)
+        for _ in range(max(0, slots - experts)):
+            per_replica = np.where(replicas < len(servers), load[layer] / replicas, -1.0)
+            replicas[int(np.argmax(per_replica))] += 1
+        items = sorted(
+            (
+                (float(load[layer, e] / replicas[e]), e)
+                for e in range(experts)
+                for _ in range(int(replicas[e]))
+            ),
+            key=lambda x: -x[0],
+        )
+        gpu_load = [0.0] * len(gpus)
+        for weight, e in items:
+            on = {gpus[k][0] for k in range(len(gpus)) if (layer, e) in placed[k]}
+            fits = [k for k in range(len(gpus)) if room[k] > 0 and gpus[k][0] not in on]
+            if not fits:
                 continue
-            n = max(free, key=lambda m: room[m])
-            sets[n][layer].add(e)
-            room[n] -= 1
-            if not any(room):
-                break
-        else:
-            continue
-        break
-    return pack(servers, expert_size, sets)
+            k = min(fits, key=lambda m: (gpu_load[m], -room[m]))
+            placed[k].add((layer, e))
+            room[k] -= 1
+            gpu_load[k] += weight
+    return _placement(servers, gpus, placed)

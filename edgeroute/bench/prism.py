@@ -45,10 +45,12 @@ def servers_for(mem: float) -> list[Server]:
     ]
 
 
-def planners(servers: list[Server], shape: MoEShape, size: float) -> dict[str, Any]:
+def planners(servers: list[Server], shape: MoEShape, size: float, seed: int) -> dict[str, Any]:
+    """Each placement, as a function of the activation statistics; the random baselines
+    draw with the run's seed."""
     return {
-        "Uniform": lambda st: uniform(servers, shape.experts, shape.layers, size),
-        "Redundance": lambda st: redundance(servers, shape.experts, shape.layers, size),
+        "Uniform": lambda st: uniform(servers, shape.experts, shape.layers, size, seed),
+        "Redundance": lambda st: redundance(servers, shape.experts, shape.layers, size, seed),
         "SmartMoE": lambda st: smartmoe(servers, shape.experts, size, st),
         "EPLB": lambda st: eplb(servers, shape.experts, size, st),
         "Prism": lambda st: prism(servers, shape.experts, size, st),
@@ -66,13 +68,13 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
         servers = servers_for(mem)
         for setup, tasks in SETUPS.items():
             dists = [[task_distribution(shape, t, data) for t in ts] for ts in tasks]
-            for name, planner in planners(servers, shape, size).items():
+            for name in planners(servers, shape, size, 0):
                 runs: list[Result] = [
                     simulate(
                         servers,
                         shape,
                         dists,
-                        planner,
+                        planners(servers, shape, size, s)[name],
                         duration=duration,
                         cost=cost,
                         expert_size=size,
@@ -175,7 +177,7 @@ def data_shift(data: Path, seeds: list[int], quick: bool) -> list[dict[str, Any]
                 servers,
                 shape,
                 tasks,
-                planners(servers, shape, size)["Prism"],
+                planners(servers, shape, size, seed)["Prism"],
                 duration=duration,
                 cost=cost,
                 expert_size=size,

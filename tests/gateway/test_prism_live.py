@@ -175,3 +175,71 @@ def test_replicas_share_the_plan_the_freeze_and_one_planner(
         "edgeroute:prism:planner"
     )
     assert holder in ("r1", "r2")
+
+
+def moe_pool(start_worker: Start, io_gbps: float) -> list[dict[str, Any]]:
+    backends = []
+    for name, lo in (("a", 0), ("b", 4)):
+        url, _ = start_worker(
+            profile="mixtral-8x7b-chat",
+            speedup=20.0,
+            served_model_names=["mixtral-8x7b-chat", MODEL],
+            moe={"hosted": [(la, e) for la in range(32) for e in range(lo, lo + 4)]},
+            admin_token="worker-secret",
+        )
+        moe = {"gpu_memory_gb": [160 * 0.35], "expert_gb": 0.35, "io_gbps": [io_gbps]}
+        backends.append({"url": url, "id": name, "moe": {**moe, "admin_token": "worker-secret"}})
+    return backends
+
+
+def decisions_after(url: str, task: str, count: int) -> list[dict[str, Any]]:
+    """Sends `task` requests until the scheduler has made `count` unforced decisions."""
+    for _ in range(2000):
+        ask(url, task)
+        state = httpx.get(url + "/admin/prism", headers=TOKEN).json()
+        made = [h for h in state["history"] if not h["forced"]]
+        candidate = state["candidate"]
+        if candidate is not None and not candidate["forced"]:
+            if candidate["adopted"] and len(made) >= count:
+                return made
+            if not candidate["adopted"]:
+                return [candidate]
+    raise AssertionError("the scheduler made no decision")
+
+
+def test_the_scheduler_adopts_on_its_own_after_a_shift_in_traffic(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    backends = moe_pool(start_worker, io_gbps=400.0)  # experts move fast
+    url, _ = start_gateway(
+        backends, routing={"default": {"policy": "round_robin"}}, prism_replan_seconds=3
+    )
+    first = decisions_after(url, "gsm8k", 1)[0]
+    assert first["adopted"] and first["reason"].startswith("C(P') + T_mig < C(P)")
+    assert first["expected_cost_s"] + first["migration_s"] < first["current_cost_s"]
+    assert first["calls_per_s"] > 0 and first["horizon_s"] == 3
+    # The mix shifts to a class whose hot experts are others (the emulated workers give
+    # a class without measurements a permutation of a measured one's experts): the
+    # next plan is made from its activations, and moves experts again.
+    made = decisions_after(url, "contracts", 2)
+    assert len(made) >= 2 and made[-1]["at"] > first["at"]
+    migrations = [httpx.get(b["url"] + "/moe/stats").json()["migrations"] for b in backends]
+    assert min(migrations) >= 1 and max(migrations) >= 2
+
+
+def test_the_scheduler_refuses_a_plan_whose_migration_costs_too_much(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    # The same traffic, but experts move at a kilobyte a second.
+    backends = moe_pool(start_worker, io_gbps=1e-6)
+    url, _ = start_gateway(
+        backends, routing={"default": {"policy": "round_robin"}}, prism_replan_seconds=3
+    )
+    (decision,) = decisions_after(url, "gsm8k", 1)
+    assert not decision["adopted"]
+    assert decision["reason"] == "kept: the migration costs more than the remote calls it saves"
+    assert decision["expected_cost_s"] < decision["current_cost_s"] < decision["migration_s"]
+    state = httpx.get(url + "/admin/prism", headers=TOKEN).json()
+    assert state["history"] == []
+    for b in backends:
+        assert httpx.get(b["url"] + "/moe/stats").json()["migrations"] == 0

@@ -168,3 +168,53 @@ def test_the_expert_map_scorer_prefers_the_server_holding_the_class_experts() ->
     # Unknown class: the map says nothing, the queue decides.
     other = pipeline.decide(RequestInfo(model="m", prompt_tokens=10, task="chat"), view)
     assert other.backend_id == "b"
+
+
+def test_eplb_replicates_the_hottest_experts_and_balances_the_gpus() -> None:
+    """DeepSeek's EPLB: spare slots replicate the experts with the most load per
+    replica, and replicas are packed so that the GPUs' loads come out even."""
+    layers, experts, size = 2, 8, 1.0
+    servers = [Server(f"s{i}", (3.0, 3.0)) for i in range(4)]  # 24 slots: 12 per layer
+    skew = np.array([40.0, 20.0, 10.0, 5.0, 2.0, 1.0, 1.0, 1.0])
+    freq = [np.stack([skew, skew[::-1]]) / 4 for _ in servers]
+    p = eplb(servers, experts, size, freq)
+    copies = np.zeros((layers, experts), int)
+    for n in range(len(servers)):
+        for layer, e in p.on_server(n):
+            copies[layer, e] += 1
+    assert (copies >= 1).all()  # every expert somewhere
+    assert copies[0].sum() == copies[1].sum() == 12
+    assert copies[0, 0] == max(copies[0]) > copies[0, 7] == 1  # the hottest, most copies
+    assert copies[1, 7] == max(copies[1]) > copies[1, 0] == 1  # per layer
+    assert list(copies[0]) == sorted(copies[0], reverse=True)  # copies follow load
+    # Each copy carries its expert's load over its copies; in every layer the GPUs come
+    # out even: none above the mean by more than one copy's load (greedy packing's bound).
+    load = sum(freq)
+    for layer in range(layers):
+        items = {e: load[layer, e] / copies[layer, e] for e in range(experts)}
+        per_gpu = [
+            sum(items[e] for la, e in gpu if la == layer) for server in p.gpus for gpu in server
+        ]
+        assert max(per_gpu) <= sum(per_gpu) / len(per_gpu) + max(items.values()) + 1e-9
+    # The old fill (every expert once in layer order, copies wherever memory was left)
+    # would not pass the first checks: its copies did not follow the load.
+
+
+def test_uniform_and_redundance_are_random_as_in_prisms_evaluation() -> None:
+    layers, experts, size = 4, 8, 1.0
+    servers = [Server(f"s{i}", (10.0,)) for i in range(4)]  # 40 slots for 32 experts
+    a, b = (
+        uniform(servers, experts, layers, size, seed=1),
+        uniform(servers, experts, layers, size, seed=2),
+    )
+    assert a != b
+    for p in (a, b):
+        held = [p.on_server(n) for n in range(len(servers))]
+        assert sum(len(h) for h in held) == layers * experts  # each expert once
+        for layer in range(layers):  # two random experts per GPU per layer
+            assert [sum(la == layer for la, _ in h) for h in held] == [2, 2, 2, 2]
+    r = redundance(servers, experts, layers, size, seed=1)
+    held = [r.on_server(n) for n in range(len(servers))]
+    assert all(len(h) == 10 for h in held)  # spare memory filled with copies
+    assert set().union(*held) == {(la, e) for la in range(layers) for e in range(experts)}
+    assert r != redundance(servers, experts, layers, size, seed=2)
