@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     n.set_defaults(func=lambda a: _netkv(a))
     pz = command("prism", help="Prism against the MoE placement baselines")
     common(pz)
+    pz.add_argument(
+        "--mix",
+        default="all",
+        choices=["all", "specialised", "blended", "uniform"],
+        help="the servers' task mix (default: all three)",
+    )
     pz.set_defaults(func=lambda a: _prism(a))
     od = command("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
     common(od)
@@ -291,9 +297,9 @@ def _dashboard(a: argparse.Namespace) -> None:
 
 
 def _prism(a: argparse.Namespace) -> None:
-    from edgeroute.bench.prism import main
+    from edgeroute.bench.prism import MIXES, main
 
-    main(a.quick, a.seed, a.json)
+    main(a.quick, a.seed, a.json, MIXES if a.mix == "all" else (a.mix,))
 
 
 def _odmoe(a: argparse.Namespace) -> None:

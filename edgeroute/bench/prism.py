@@ -2,9 +2,11 @@
 
 Three heterogeneous servers (1, 1 and 2 GPUs, memory capped so that the model fits
 with little room to spare, as in the paper), each with its own Poisson request stream.
-Set-ups: specialised (each server one BIG-bench-like task) and mixed (MMLU-Pro-, WikiText-
-and TACO-like tasks); Mixtral-8x7B and DeepSeek-V2-Lite shapes; activation skew calibrated
-from real Mixtral routing (`workers.moe`). Placements are planned from a warm-up
+Mixes (`--mix`): specialised (each server its own BIG-bench-like task), blended (every
+server the same blend of those three tasks) and uniform (every expert equally likely:
+nothing for placement to learn); Mixtral-8x7B and DeepSeek-V2-Lite shapes; activation
+skew calibrated from real Mixtral routing (`workers.moe`), the tasks themselves
+synthetic. Placements are planned from a warm-up
 window. A data-shift run (each server's task changes halfway) re-plans every 5 minutes
 and migrates only when eq. 4 holds (the paper's Fig. 7).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.moe import Result, simulate
@@ -30,10 +34,30 @@ MODELS: dict[str, tuple[MoEShape, float, float, CostModel]] = {
     ),
     "mixtral-8x7b": (MIXTRAL, 0.35, 24.0, CostModel()),
 }
-SETUPS = {
-    "specialised": (("bigbench-narrative",), ("bigbench-arithmetic",), ("bigbench-ascii",)),
-    "mixed": (("mmlu-pro",), ("wikitext",), ("taco",)),
-}
+SPECIALISED = ("bigbench-narrative", "bigbench-arithmetic", "bigbench-ascii")
+MIXES = ("specialised", "blended", "uniform")
+# The data shift: each server's task before and after.
+SHIFT = (
+    ("mmlu-pro", "bigbench-narrative"),
+    ("wikitext", "bigbench-arithmetic"),
+    ("taco", "bigbench-ascii"),
+)
+
+
+def mix_distributions(mix: str, shape: MoEShape, data: Path) -> list[list[np.ndarray]]:
+    """Each server's activation distribution (one phase) under a mix."""
+    own = [task_distribution(shape, t, data) for t in SPECIALISED]
+    if mix == "specialised":
+        return [[d] for d in own]
+    if mix == "blended":
+        blend: np.ndarray = np.mean(np.stack(own), axis=0)
+        return [[blend] for _ in own]
+    if mix == "uniform":
+        flat = np.full((shape.layers, shape.experts), 1.0 / shape.experts)
+        return [[flat] for _ in own]
+    raise ValueError(f"unknown mix {mix!r}; known: {list(MIXES)}")
+
+
 PAPER = "Table II: Prism 30.6% below EPLB on DeepSeek-V2-Lite BigBench; slight gain on Mixtral"
 
 
@@ -57,7 +81,7 @@ def planners(servers: list[Server], shape: MoEShape, size: float, seed: int) -> 
     }
 
 
-def main(quick: bool, seed: int, json_path: str | None) -> None:
+def main(quick: bool, seed: int, json_path: str | None, mixes: tuple[str, ...] = MIXES) -> None:
     from workers.quality import default_data_dir
 
     data = default_data_dir()
@@ -66,8 +90,8 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
     rows: list[dict[str, Any]] = []
     for model, (shape, size, mem, cost) in MODELS.items():
         servers = servers_for(mem)
-        for setup, tasks in SETUPS.items():
-            dists = [[task_distribution(shape, t, data) for t in ts] for ts in tasks]
+        for setup in mixes:
+            dists = mix_distributions(setup, shape, data)
             for name in planners(servers, shape, size, 0):
                 runs: list[Result] = [
                     simulate(
@@ -106,7 +130,7 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
     shift = data_shift(data, seeds, quick)
     headline = []
     for model in MODELS:
-        for setup in SETUPS:
+        for setup in mixes:
             get = {
                 r["policy"]: r["avg_s"] for r in rows if r["model"] == model and r["setup"] == setup
             }
@@ -162,8 +186,7 @@ def data_shift(data: Path, seeds: list[int], quick: bool) -> list[dict[str, Any]
     shape, size, mem, cost = MODELS["deepseek-v2-lite"]
     servers = servers_for(mem)
     tasks = [
-        [task_distribution(shape, a, data), task_distribution(shape, b, data)]
-        for (a,), (b,) in zip(SETUPS["mixed"], SETUPS["specialised"], strict=True)
+        [task_distribution(shape, a, data), task_distribution(shape, b, data)] for a, b in SHIFT
     ]
     duration = 600.0 if quick else 1800.0
     half = duration / 2
