@@ -78,6 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         choices=["all", "specialised", "blended", "uniform"],
         help="the servers' task mix (default: all three)",
     )
+    pz.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
     pz.set_defaults(func=lambda a: _prism(a))
     od = command("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
     common(od)
@@ -299,7 +300,7 @@ def _dashboard(a: argparse.Namespace) -> None:
 def _prism(a: argparse.Namespace) -> None:
     from edgeroute.bench.prism import MIXES, main
 
-    main(a.quick, a.seed, a.json, MIXES if a.mix == "all" else (a.mix,))
+    main(a.quick, a.seed, a.json, MIXES if a.mix == "all" else (a.mix,), a.seeds)
 
 
 def _odmoe(a: argparse.Namespace) -> None:
