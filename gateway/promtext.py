@@ -30,17 +30,21 @@ def read_samples(text: str, names: Collection[str]) -> dict[str, float]:
     return out
 
 
+def _label_set(body: str) -> dict[str, str]:
+    """`a="x",b="y"` (the inside of a sample's braces) as a mapping."""
+    out = {}
+    for part in body.split('",'):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip().strip('"')
+    return out
+
+
 def read_labels(text: str, name: str) -> dict[str, str]:
     """The labels of the first sample of `name` (for info metrics such as cache_config_info)."""
     prefix = name + "{"
     for line in text.splitlines():
         if line.startswith(prefix):
-            body = line[len(prefix) : line.rfind("}")]
-            out = {}
-            for part in body.split('",'):
-                key, _, value = part.partition("=")
-                out[key.strip()] = value.strip().strip('"')
-            return out
+            return _label_set(line[len(prefix) : line.rfind("}")])
     return {}
 
 
@@ -52,10 +56,7 @@ def read_by_label(text: str, name: str, label: str) -> dict[str, float]:
         if not line.startswith(prefix):
             continue
         close = line.rfind("}")
-        labels = {}
-        for part in line[len(prefix) : close].split('",'):
-            key, _, value = part.partition("=")
-            labels[key.strip()] = value.strip().strip('"')
+        labels = _label_set(line[len(prefix) : close])
         rest = line[close + 1 :].split()
         if label in labels and rest:
             try:

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -223,8 +224,6 @@ class Worker:
     async def wander_background(self, step: float = 0.5) -> None:
         """Move each tier's background around its mean (an Ornstein-Uhlenbeck walk in
         emulated time), in this worker's own topology; the links re-read it at once."""
-        import random
-
         rng = random.Random(self.config.seed)
         means = self.config.background
         level = dict(means)

@@ -217,6 +217,11 @@ def engine_profile(name: str) -> dict[str, float]:
 
 
 _HALVES = _rotating_halves(4)
+# The prefill/decode pools' instances, named as in PD_TOPOLOGY.
+PD_MEMBERS = tuple(
+    Member("mistral-7b-chat", "prefill" if name.startswith("p") else "decode", name)
+    for name in ("p0", "p1", "d0", "d1", "d2", "d3")
+)
 
 POOLS = {
     p.name: p
@@ -261,17 +266,7 @@ POOLS = {
         ),
         Pool(
             "pd",
-            tuple(
-                Member("mistral-7b-chat", role, name)
-                for name, role in (
-                    ("p0", "prefill"),
-                    ("p1", "prefill"),
-                    ("d0", "decode"),
-                    ("d1", "decode"),
-                    ("d2", "decode"),
-                    ("d3", "decode"),
-                )
-            ),
+            PD_MEMBERS,
             capacity_router="decode_la",
             topology=PD_TOPOLOGY,
             notes=(
@@ -283,17 +278,7 @@ POOLS = {
         ),
         Pool(
             "pd-net",
-            tuple(
-                Member("mistral-7b-chat", role, name)
-                for name, role in (
-                    ("p0", "prefill"),
-                    ("p1", "prefill"),
-                    ("d0", "decode"),
-                    ("d1", "decode"),
-                    ("d2", "decode"),
-                    ("d3", "decode"),
-                )
-            ),
+            PD_MEMBERS,
             capacity_router="decode_la",
             topology=NOMINAL,
             network=PHYSICAL,

@@ -173,24 +173,36 @@ def with_cla_star(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def reduction(rows: list[dict[str, Any]], setting: str, base: str, new: str) -> str:
-    """Mean-TTFT reduction of `new` against `base`, in %, paired by seed."""
+def paired(
+    rows: list[dict[str, Any]],
+    setting: str,
+    base: str,
+    new: str,
+    diff: Callable[[dict[str, float], dict[str, float]], float],
+) -> str:
+    """`diff(base's seed, new's seed)` over the seeds of one setting, as mean ± half-width;
+    `base` may be a prefix (CLA* carries its weight in its name)."""
     by = {r["policy"]: r["_seeds"] for r in rows if r["setting"] == setting}
     base_name = next((p for p in by if p.startswith(base)), None)
     if base_name is None or new not in by:
         return "n/a"
-    pairs = zip(by[base_name], by[new], strict=True)
-    return shown([(b["ttft_mean_s"] - n["ttft_mean_s"]) / b["ttft_mean_s"] * 100 for b, n in pairs])
+    return shown([diff(b, n) for b, n in zip(by[base_name], by[new], strict=True)])
+
+
+def reduction(rows: list[dict[str, Any]], setting: str, base: str, new: str) -> str:
+    """Mean-TTFT reduction of `new` against `base`, in %, paired by seed."""
+    return paired(
+        rows,
+        setting,
+        base,
+        new,
+        lambda b, n: (b["ttft_mean_s"] - n["ttft_mean_s"]) / b["ttft_mean_s"] * 100,
+    )
 
 
 def slo_gain(rows: list[dict[str, Any]], setting: str, base: str, new: str) -> str:
     """SLO attainment of `new` minus `base`, percentage points, paired by seed."""
-    by = {r["policy"]: r["_seeds"] for r in rows if r["setting"] == setting}
-    base_name = next((p for p in by if p.startswith(base)), None)
-    if base_name is None or new not in by:
-        return "n/a"
-    pairs = zip(by[base_name], by[new], strict=True)
-    return shown([(n["slo"] - b["slo"]) * 100 for b, n in pairs])
+    return paired(rows, setting, base, new, lambda b, n: (n["slo"] - b["slo"]) * 100)
 
 
 def fixed_length(trace: list[TraceRequest], tokens: int) -> list[TraceRequest]:
