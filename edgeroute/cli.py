@@ -237,6 +237,25 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
     train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
 
 
+def cmd_train_moe_lm(args: argparse.Namespace) -> None:
+    import json
+
+    from edgeroute.sim.moe_lm import TrainSettings, train
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    settings = TrainSettings(
+        steps=args.steps,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+    )
+    record = train(data_dir, out, settings)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out} and its training record {out.with_suffix('.json')}")
+
+
 def cmd_train_predictors(args: argparse.Namespace) -> None:
     from edgeroute.qos.predictors import compare_encoders
 
@@ -417,6 +436,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--out", default="models/qos", help="where the predictors go")
     pr.set_defaults(func=cmd_train_predictors)
+
+    lm = which.add_parser(
+        "moe-lm",
+        help="the small MoE language model OD-MoE's shadow is measured on",
+        formatter_class=DefaultsHelp,
+    )
+    lm.add_argument("--steps", type=int, default=3000, help="optimiser steps")
+    lm.add_argument("--seed", type=int, default=0, help="the training seed")
+    lm.add_argument("--eval-every", type=int, default=250, help="steps between evaluations")
+    lm.add_argument(
+        "--checkpoint-every", type=int, default=250, help="steps between checkpoints (resumed)"
+    )
+    lm.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    lm.add_argument("--out", default="models/odmoe/tiny_moe.pt", help="the checkpoint")
+    lm.set_defaults(func=cmd_train_moe_lm)
 
     add_bench(sub)
     return p

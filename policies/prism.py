@@ -9,7 +9,7 @@
   fewest duplicates.
 - `remote_cost` (eq. 2), `migration_seconds` (eq. 3), `should_adopt` (eq. 4).
 - Baselines re-implemented for heterogeneous servers: `uniform`, `redundance`,
-  `smartmoe` (load-balanced) and `eplb` (replicas of hot experts).
+  `smartmoe` (load-balanced, each expert once) and `eplb` (replicas of hot experts).
 
 A server's capacity counts whole experts per GPU (sum over GPUs of floor(mem / m_e)),
 not floor(total memory / m_e) as Algorithm 1 writes it, so that packing experts onto
@@ -284,36 +284,30 @@ def _placement(
 def smartmoe(
     servers: Sequence[Server], experts: int, expert_size: float, freq: Sequence[np.ndarray]
 ) -> Placement:
-    """SmartMoE-style: each expert once, hottest first, on the server with the least
-    activation load per unit of capacity; spare memory then takes the hottest experts
-    of each server's own traffic."""
+    """SmartMoE's placement module (Zhai et al., ATC'23), as Prism's evaluation uses it:
+    every expert once, each GPU the same number of experts per layer (as memory allows),
+    and within a layer the experts taken hottest first onto the GPU with the least load
+    so far (its greedy load balancer). Spare memory stays empty, as in Uniform: SmartMoE
+    balances, it does not replicate. The load is the activations summed over all
+    servers; SmartMoE does not look at where requests come from."""
     layers = freq[0].shape[0]
     load = np.stack(list(freq)).sum(0)
-    cap = [s.capacity(expert_size) for s in servers]
-    used = [0.0] * len(servers)
-    order = sorted(
-        ((layer, e) for layer in range(layers) for e in range(experts)),
-        key=lambda x: -load[x[0], x[1]],
-    )
-    sets: list[list[set[int]]] = [[set() for _ in range(layers)] for _ in servers]
-    room = list(cap)
-    for layer, e in order:
-        n = min((m for m in range(len(servers)) if room[m] > 0), key=lambda m: used[m] / cap[m])
-        sets[n][layer].add(e)
-        room[n] -= 1
-        used[n] += float(load[layer, e])
-    for n in range(len(servers)):
-        hot = sorted(
-            ((layer, e) for layer in range(layers) for e in range(experts)),
-            key=lambda x: -freq[n][x[0], x[1]],
-        )
-        for layer, e in hot:
-            if room[n] == 0:
-                break
-            if e not in sets[n][layer]:
-                sets[n][layer].add(e)
-                room[n] -= 1
-    return pack(servers, expert_size, sets)
+    gpus = [(n, g) for n, s in enumerate(servers) for g in range(len(s.gpu_memory))]
+    room = [int(servers[n].gpu_memory[g] // expert_size) for n, g in gpus]
+    placed: list[set[Expert]] = [set() for _ in gpus]
+    quota = math.ceil(experts / len(gpus))
+    for layer in range(layers):
+        taken = [0] * len(gpus)
+        gpu_load = [0.0] * len(gpus)
+        for e in sorted(range(experts), key=lambda x: -load[layer, x]):
+            open_ = [k for k in range(len(gpus)) if room[k] > 0]
+            even = [k for k in open_ if taken[k] < quota] or open_
+            k = min(even, key=lambda m: (gpu_load[m], taken[m]))
+            placed[k].add((layer, e))
+            room[k] -= 1
+            taken[k] += 1
+            gpu_load[k] += float(load[layer, e])
+    return _placement(servers, gpus, placed)
 
 
 def eplb(

@@ -8,6 +8,9 @@ token; 585 tokens over GSM8K and HumanEval). From it:
 - Other tasks keep the measured skew but not the measured identities: task k uses the
   measured layer distributions with experts relabelled by a per-task permutation
   (seeded by the task name), so different tasks prefer different experts.
+- Mixtral tasks with per-token records (`*_routing.jsonl.gz`) can also be replayed
+  token by token (`real_sequences`): real selections, with their real correlation
+  across layers and consecutive tokens.
 - Shapes with more experts (DeepSeek-V2-Lite: 26 layers x 64 experts, top-6) draw each
   layer from a symmetric Dirichlet whose concentration is fitted so that the mean
   normalised entropy matches the one measured on Mixtral.
@@ -18,7 +21,9 @@ Per token and layer, `top_k` distinct experts are drawn (Gumbel top-k).
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -52,6 +57,41 @@ def read_counts(data_dir: Path) -> dict[str, np.ndarray]:
             experts = sorted(k for k in row if k.startswith("expert_"))
             out.setdefault(row["task"], []).append([float(row[k]) for k in experts])
     return {t: np.array(v) for t, v in out.items()}
+
+
+@lru_cache(maxsize=4)
+def real_sequences(data_dir: Path) -> dict[str, tuple[np.ndarray, ...]]:
+    """task -> one [tokens, layers, top_k] array of Mixtral's real selections per
+    problem, in decode order; tokens missing a layer are left out."""
+    found: dict[tuple[str, int], dict[int, dict[int, list[int]]]] = {}
+    for path in sorted((data_dir / "moe_routing").glob("*_routing.jsonl.gz")):
+        with gzip.open(path, "rt") as fh:
+            for line in fh:
+                r = json.loads(line)
+                per_token = found.setdefault((r["dataset"], r["problem_id"]), {})
+                per_token.setdefault(r["token_idx"], {})[r["layer"]] = r["experts"]
+    out: dict[str, list[np.ndarray]] = {}
+    for (task, _), tokens in sorted(found.items()):
+        complete = [
+            [layers[la] for la in range(MIXTRAL.layers)]
+            for _, layers in sorted(tokens.items())
+            if len(layers) == MIXTRAL.layers
+        ]
+        out.setdefault(task, []).append(np.array(complete, dtype=np.int64))
+    return {t: tuple(v) for t, v in out.items()}
+
+
+def replayed_token(task: str, key: str, index: int, data_dir: Path) -> np.ndarray | None:
+    """[layers, top_k]: token `index` of the recorded sequence that `key` (a request
+    id) maps to, starting at an offset `key` also picks; None when `task` has no
+    records."""
+    recorded = real_sequences(data_dir).get(task)
+    if not recorded:
+        return None
+    h = _seed("replay", key)
+    seq = recorded[h % len(recorded)]
+    token: np.ndarray = seq[(h // len(recorded) + index) % len(seq)]
+    return token
 
 
 def fit_concentration(target_entropy: float, experts: int, rng: np.random.Generator) -> float:

@@ -1,7 +1,9 @@
 """MoE worker mode: the experts this worker hosts, and what the others cost it.
 
-Each token of each sequence in an iteration activates `top_k` experts per layer, drawn
-from its request class's calibrated distribution (`workers.moe`). Experts this worker
+Each token of each sequence in an iteration activates `top_k` experts per layer. For
+Mixtral classes with real per-token records (gsm8k, humaneval) the request replays one
+recorded sequence token by token; other classes draw from their calibrated
+distribution (`workers.moe`). Experts this worker
 does not host are remote calls whose cost (`edgeroute.sim.moe.CostModel`: round trip, the
 activations over the link at the configured bandwidth, the remote load and compute)
 is added to the iteration; the batch waits for its slowest sequence. Activation counts
@@ -17,8 +19,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.engine import Plan
-from workers.moe import SHAPES, CostModel, sample_token, task_distribution
+from workers.engine import Plan, Sequence
+from workers.moe import (
+    MIXTRAL,
+    SHAPES,
+    CostModel,
+    replayed_token,
+    sample_token,
+    task_distribution,
+)
 
 
 class MoEConfig(BaseModel):
@@ -75,8 +84,7 @@ class MoEHost:
         rows = np.arange(self.shape.layers)[:, None]
         for seq in [*plan.prefill, *plan.decode]:
             cls = seq.task or self.config.default_class
-            dist = task_distribution(self.shape, cls, self.data_dir)
-            sel = sample_token(dist, self.shape.top_k, self.rng)
+            sel = self._selection(cls, seq)
             counts = self.stats.setdefault(cls, np.zeros((self.shape.layers, self.shape.experts)))
             np.add.at(counts, (rows, sel), 1.0)
             remote = int((~mask[rows, sel]).sum())
@@ -84,6 +92,14 @@ class MoEHost:
             self.local_calls += sel.size - remote
             worst = max(worst, remote)
         return worst * (self.cost.remote_expert_s - self.cost.local_expert_s)
+
+    def _selection(self, cls: str, seq: Sequence) -> np.ndarray:
+        if self.shape == MIXTRAL:
+            real = replayed_token(cls, seq.id, seq.generated, self.data_dir)
+            if real is not None:
+                return real
+        dist = task_distribution(self.shape, cls, self.data_dir)
+        return sample_token(dist, self.shape.top_k, self.rng)
 
     @property
     def local_ratio(self) -> float:
@@ -107,5 +123,7 @@ class MoEHost:
             "hosted": sorted(self.hosted),
             "classes": {k: v.tolist() for k, v in self.stats.items()},
             "local_ratio": self.local_ratio,
+            "local_calls": self.local_calls,
+            "remote_calls": self.remote_calls,
             "migrations": self.migrations,
         }

@@ -75,10 +75,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     pz.add_argument(
         "--mix",
         default="all",
-        choices=["all", "specialised", "blended", "uniform"],
-        help="the servers' task mix (default: all three)",
+        choices=["all", "real", "specialised", "blended", "uniform"],
+        help="the servers' task mix (default: all four)",
     )
-    pz.add_argument("--seeds", type=int, default=5, help="seeds per point (--quick: 1)")
+    pz.add_argument(
+        "--seeds", type=int, help="seeds per point (default 5, with --live 10; --quick: 1)"
+    )
+    pz.add_argument(
+        "--live",
+        action="store_true",
+        help="through the gateway: MoE workers, the scheduler on its own (10 seeds)",
+    )
+    pz.add_argument(
+        "--arrival",
+        type=float,
+        nargs="+",
+        default=[10.0, 20.0],
+        help="mean seconds between a server's requests (one run per value)",
+    )
     pz.set_defaults(func=lambda a: _prism(a))
     od = command("odmoe", help="OD-MoE shadow recall by precision/alignment, decode speed")
     common(od)
@@ -298,9 +312,22 @@ def _dashboard(a: argparse.Namespace) -> None:
 
 
 def _prism(a: argparse.Namespace) -> None:
+    if a.live:
+        from edgeroute.bench.prism_live import LiveSettings
+        from edgeroute.bench.prism_live import main as live
+
+        count = 1 if a.quick else (a.seeds or 10)
+        seconds = 160.0 if a.quick else 320.0
+        live(
+            LiveSettings(seeds=tuple(a.seed + i for i in range(count)), seconds=seconds),
+            a.json,
+            a.quick,
+        )
+        return
     from edgeroute.bench.prism import MIXES, main
 
-    main(a.quick, a.seed, a.json, MIXES if a.mix == "all" else (a.mix,), a.seeds)
+    mixes = MIXES if a.mix == "all" else (a.mix,)
+    main(a.quick, a.seed, a.json, mixes, a.seeds or 5, tuple(a.arrival))
 
 
 def _odmoe(a: argparse.Namespace) -> None:

@@ -1,21 +1,20 @@
 """OD-MoE's shadow-model expert prediction, measured on a small MoE transformer.
 
-A small decoder-only MoE (random weights, fixed seed, full precision) decodes greedily;
-a quantised copy (fp16, int8 per-channel, or a 4-bit NF4-style blockwise scheme) runs
+A small decoder-only MoE at full precision (fp32) decodes greedily: the trained one of
+`edgeroute.sim.moe_lm`, or random weights for contrast; a quantised copy (fp16, int8 per-channel, or a 4-bit NF4-style blockwise scheme) runs
 beside it as the shadow and predicts each layer's experts. Recall (the OD-MoE paper's
 eq. 2-3) is the share of the full model's activated experts that the shadow predicted,
 per output token index and overall. Alignment copies the full model's token into the
 shadow's input (token alignment) and/or its KV cache into the shadow's (KV alignment)
 every `period` tokens.
 
-This is a small random model, not Mixtral-8x7B: its routers are less decisive than a
-trained model's, so the recall figures are not comparable in level to the paper's, only
-in how quantisation and alignment move them.
+This is a small model, not Mixtral-8x7B, so the recall figures are comparable to the
+paper's in direction (what quantisation and alignment do), not in level.
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -135,37 +134,43 @@ class Decoder:
         return int(torch.argmax(_norm(x) @ w["embed"].T)), chosen
 
     def align_kv(self, other: Decoder) -> None:
-        self.keys = [list(k) for k in copy.deepcopy(other.keys)]
-        self.values = [list(v) for v in copy.deepcopy(other.values)]
+        # The cached tensors are never written in place, so sharing them is a copy.
+        self.keys = [list(k) for k in other.keys]
+        self.values = [list(v) for v in other.values]
 
 
 @dataclass(frozen=True)
 class ShadowResult:
     recall: list[float]  # eq. 2 per output token index
     layer_hit: float  # share of (token, layer) steps whose experts were all predicted
+    per_prompt: list[float]  # eq. 3 for each prompt alone
+
+
+def random_prompts(cfg: TinyMoE, count: int, seed: int, length: int = 8) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed + 1)
+    return [torch.randint(0, cfg.vocab, (length,), generator=g).tolist() for _ in range(count)]
 
 
 @torch.no_grad()
 def measure(
     cfg: TinyMoE,
+    weights: dict[str, Tensor],
     scheme: str,
     token_period: int | None,
     kv_period: int | None,
-    prompts: int = 4,
+    prompts: Sequence[Sequence[int]],
     tokens: int = 64,
-    seed: int = 0,
 ) -> ShadowResult:
-    """Run `prompts` sequences with the full model and its shadow side by side.
+    """Decode `tokens` after each prompt with the full model and its shadow side by side.
 
     A period of None means never aligned; 1 means aligned at every token.
     """
-    weights = init_weights(cfg, seed)
     shadow_w = quantise(weights, scheme)
-    g = torch.Generator().manual_seed(seed + 1)
     hits = [0.0] * tokens
     layer_hits = 0
-    for _ in range(prompts):
-        prompt = torch.randint(0, cfg.vocab, (8,), generator=g).tolist()
+    per_prompt = []
+    for prompt in prompts:
+        mine = 0.0
         full, shadow = Decoder(cfg, weights), Decoder(cfg, shadow_w)
         for t in prompt[:-1]:
             full.step(t)
@@ -179,10 +184,14 @@ def measure(
             next_full, actual = full.step(tok_full)
             next_shadow, predicted = shadow.step(tok_shadow)
             pairs = list(zip(actual, predicted, strict=True))
-            hits[n] += sum(len(a & p) for a, p in pairs) / (cfg.top_k * cfg.layers)
+            recalled = sum(len(a & p) for a, p in pairs) / (cfg.top_k * cfg.layers)
+            hits[n] += recalled
+            mine += recalled
             layer_hits += sum(a == p for a, p in pairs)
             tok_full, tok_shadow = next_full, next_shadow
+        per_prompt.append(mine / tokens)
     return ShadowResult(
-        recall=[h / prompts for h in hits],
-        layer_hit=layer_hits / (prompts * tokens * cfg.layers),
+        recall=[h / len(prompts) for h in hits],
+        layer_hit=layer_hits / (len(prompts) * tokens * cfg.layers),
+        per_prompt=per_prompt,
     )

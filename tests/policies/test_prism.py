@@ -218,3 +218,33 @@ def test_uniform_and_redundance_are_random_as_in_prisms_evaluation() -> None:
     assert all(len(h) == 10 for h in held)  # spare memory filled with copies
     assert set().union(*held) == {(la, e) for la in range(layers) for e in range(experts)}
     assert r != redundance(servers, experts, layers, size, seed=2)
+
+
+def test_smartmoe_balances_each_layer_over_the_gpus_without_copies() -> None:
+    """SmartMoE's placement: every expert exactly once, the same count on every GPU per
+    layer, and each layer's load spread evenly (hottest first onto the least loaded)."""
+    layers, experts, size = 3, 8, 1.0
+    servers = [Server("a", (8.0,)), Server("b", (8.0,)), Server("c", (8.0, 8.0))]
+    rng = np.random.default_rng(3)
+    freq = [rng.dirichlet(np.full(experts, 0.3), size=layers) for _ in servers]
+    p = smartmoe(servers, experts, size, freq)
+    gpus = [gpu for server in p.gpus for gpu in server]
+    load = sum(freq)
+    spread = []
+    for layer in range(layers):
+        held = [[e for la, e in gpu if la == layer] for gpu in gpus]
+        assert sorted(e for h in held for e in h) == list(range(experts))  # once each
+        assert [len(h) for h in held] == [2, 2, 2, 2]  # even counts
+        per_gpu = [sum(load[layer, e] for e in h) for h in held]
+        spread.append(max(per_gpu) - min(per_gpu))
+        # Greedy balancing: no GPU above another by more than the hottest expert's load.
+        assert max(per_gpu) - min(per_gpu) <= load[layer].max() + 1e-9
+    # A random even split (Uniform) spreads the load wider on these skewed layers.
+    uni = uniform(servers, experts, layers, size, seed=0)
+    uni_gpus = [gpu for server in uni.gpus for gpu in server]
+    uni_spread = [
+        max(sum(load[la, e] for x, e in g if x == la) for g in uni_gpus)
+        - min(sum(load[la, e] for x, e in g if x == la) for g in uni_gpus)
+        for la in range(layers)
+    ]
+    assert sum(spread) < sum(uni_spread)

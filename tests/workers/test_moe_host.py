@@ -75,3 +75,38 @@ def test_placement_requires_the_admin_token_when_one_is_set(
         timeout=60,
     )
     assert r.status_code == 200
+
+
+def test_mixtral_classes_with_records_replay_them_token_by_token() -> None:
+    """A gsm8k request walks one recorded GSM8K sequence; its next token is the next
+    record, and a class without records is drawn from its distribution."""
+    import numpy as np
+
+    from tests.support import DATA_DIR
+    from workers.engine import Plan, Sequence
+    from workers.moe import real_sequences
+    from workers.moe_host import MoEConfig, MoEHost
+
+    host = MoEHost(MoEConfig(), DATA_DIR)
+    seq = Sequence(id="req-1", prompt_tokens=5, target_tokens=8, task="gsm8k")
+    seen = []
+    for k in range(8):
+        seq.generated = k
+        before = host.stats.get("gsm8k", np.zeros((32, 8))).copy()
+        host.iteration_cost(Plan(prefill=[], decode=[seq], prefill_tokens=0, decode_context=0))
+        added = host.stats["gsm8k"] - before
+        seen.append([set(np.flatnonzero(row)) for row in added])
+    recorded = [
+        [set(layer) for layer in token] for s in real_sequences(DATA_DIR)["gsm8k"] for token in s
+    ]
+    starts = [i for i in range(len(recorded) - 8) if recorded[i] == seen[0]]
+    assert starts and any(recorded[i : i + 8] == seen for i in starts)
+    host.iteration_cost(
+        Plan(
+            prefill=[],
+            decode=[Sequence("r2", 5, 8, task="chat")],
+            prefill_tokens=0,
+            decode_context=0,
+        )
+    )
+    assert host.stats["chat"].sum() == 32 * 2

@@ -5,23 +5,44 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeroute.bench.prism import mix_distributions
+from edgeroute.bench.prism import mix_sources
+from edgeroute.sim.moe import Drawn, Replayed
 from tests.support import DATA_DIR, needs_data
-from workers.moe import MIXTRAL
+from workers.moe import DEEPSEEK_V2_LITE, MIXTRAL, real_sequences
 
 pytestmark = needs_data("the MoE routing data")
 
 
+def _dists(mix: str) -> list[np.ndarray]:
+    sources = mix_sources(mix, MIXTRAL, DATA_DIR)
+    assert sources is not None
+    assert all(isinstance(s, Drawn) for s in sources)
+    return [s.phases[0] for s in sources if isinstance(s, Drawn)]
+
+
 def test_the_mixes_give_the_servers_their_own_a_shared_or_no_skew() -> None:
-    own = mix_distributions("specialised", MIXTRAL, DATA_DIR)
-    blended = mix_distributions("blended", MIXTRAL, DATA_DIR)
-    flat = mix_distributions("uniform", MIXTRAL, DATA_DIR)
+    own, blended, flat = _dists("specialised"), _dists("blended"), _dists("uniform")
     assert len(own) == len(blended) == len(flat) == 3
-    assert not np.allclose(own[0][0], own[1][0])  # each server its own task
-    assert all(np.allclose(b[0], blended[0][0]) for b in blended)  # one blend for all
-    assert np.allclose(blended[0][0], np.mean([d[0] for d in own], axis=0))
-    assert np.allclose(flat[0][0], 1 / MIXTRAL.experts)
+    assert not np.allclose(own[0], own[1])  # each server its own task
+    assert all(np.allclose(b, blended[0]) for b in blended)  # one blend for all
+    assert np.allclose(blended[0], np.mean(own, axis=0))
+    assert np.allclose(flat[0], 1 / MIXTRAL.experts)
     for dists in (own, blended, flat):
-        assert np.allclose(dists[0][0].sum(-1), 1.0)
+        assert np.allclose(dists[0].sum(-1), 1.0)
     with pytest.raises(ValueError, match="unknown mix"):
-        mix_distributions("mixed", MIXTRAL, DATA_DIR)
+        mix_sources("mixed", MIXTRAL, DATA_DIR)
+
+
+def test_the_real_mix_replays_mixtrals_recorded_tokens_in_order() -> None:
+    assert mix_sources("real", DEEPSEEK_V2_LITE, DATA_DIR) is None  # no such records
+    sources = mix_sources("real", MIXTRAL, DATA_DIR)
+    assert sources is not None and all(isinstance(s, Replayed) for s in sources)
+    real = real_sequences(DATA_DIR)
+    assert sum(len(s) for s in real["gsm8k"]) == 244  # tokens with all 32 layers
+    assert sum(len(s) for s in real["humaneval"]) == 333
+    tokens = sources[0].tokens(0.0, 20, np.random.default_rng(0))
+    assert tokens.shape == (20, MIXTRAL.layers, MIXTRAL.top_k)
+    # Consecutive tokens of one recorded GSM8K problem, not independent draws.
+    seq = next(s for s in real["gsm8k"] if any((s == tokens[0]).all((1, 2))))
+    at = int(np.flatnonzero((seq == tokens[0]).all((1, 2)))[0])
+    assert (seq[(at + np.arange(20)) % len(seq)] == tokens).all()
