@@ -29,6 +29,41 @@ BUCKETS = 10
 MAX_TOKENS = 300.0
 
 
+class ScorePredictor:
+    """The bucketised score and length predictor (ONNX): one run per request, for every
+    candidate at once. The gateway's `qos_drl` and the edge simulator use this one."""
+
+    def __init__(self, model_dir: Path = DEFAULT_MODEL_DIR) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
+        )
+        self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
+
+    def index(self, names: Sequence[str]) -> int:
+        """The predictor's index of a model (by name or suffix); 0 when unknown."""
+        for name in names:
+            for i, m in enumerate(self.models):
+                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
+                    return i
+        return 0
+
+    def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
+        """(score, length) bucket midpoints of `prompt` on each expert index."""
+        ids = np.repeat(hashed_ids(prompt)[None], len(experts), axis=0)
+        score, length = self._session.run(
+            None, {"ids": ids, "expert": np.asarray(experts, np.int64)}
+        )
+        sb, lb = score.argmax(-1), length.argmax(-1)
+        return [
+            ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)
+            for s, b in zip(sb.tolist(), lb.tolist(), strict=True)
+        ]
+
+
 class QoSDRL:
     name = "qos_drl"
     needs = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
@@ -42,38 +77,22 @@ class QoSDRL:
         opts.intra_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
-        self._predictor = ort.InferenceSession(
-            str(model_dir / "predictor.onnx"), opts, providers=providers
-        )
+        self.predictor = ScorePredictor(model_dir)
         self._inputs = {i.name for i in self._actor.get_inputs()}
-        self._models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
         self.latency = latency_ms / 1000.0
         self.running_cap = running_cap
         self._filters = (Healthy(), ServesModel(), Role())
 
-    def _expert_index(self, backend: BackendView) -> int:
-        """The predictor's index of the model a backend serves (by name or suffix)."""
-        names = [backend.expert] if backend.expert else sorted(backend.models)
-        for name in names:
-            for i, m in enumerate(self._models):
-                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
-                    return i
-        return 0
-
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
-        ids = np.repeat(hashed_ids(prompt)[None], len(backends), axis=0)
-        experts = np.array([self._expert_index(b) for b in backends], np.int64)
-        score, length = self._predictor.run(None, {"ids": ids, "expert": experts})
-        sb, lb = score.argmax(-1), length.argmax(-1)
-        return [
-            ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)
-            for s, b in zip(sb.tolist(), lb.tolist(), strict=True)
+        experts = [
+            self.predictor.index([b.expert] if b.expert else sorted(b.models)) for b in backends
         ]
+        return self.predictor.predict(prompt, experts)
 
-    def _snapshot(self, b: BackendView, now: float) -> ExpertSnapshot:
+    def _snapshot(self, b: BackendView, now: float, stale_after: float) -> ExpertSnapshot:
         queued = []
         cap = max(1, b.kv_capacity_tokens)
-        for r in b.requests:
+        for r in sorted(b.requests, key=lambda r: r.started_at):
             share = (r.prompt_tokens + r.generated) / cap if b.kv_capacity_tokens else 0.0
             queued.append(
                 QueuedRequest(
@@ -85,8 +104,11 @@ class QoSDRL:
                     max(0.0, now - r.started_at) / max(1, r.generated),
                 )
             )
-        # The oldest requests are the ones in the running batch.
-        running, waiting = queued[: self.running_cap], queued[self.running_cap :]
+        # The oldest requests are the ones in the running batch: as many as the engine
+        # reports running, when its figures are fresh; else up to the batch cap.
+        fresh = b.stats_age <= stale_after
+        batch = min(b.running, self.running_cap) if fresh else self.running_cap
+        running, waiting = queued[:batch], queued[batch:]
         return ExpertSnapshot(b.kv_usage, running, waiting)
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
@@ -99,7 +121,10 @@ class QoSDRL:
             return (Decision(None, reason="no backend passed the filters"),)
         preds = self.predict(req.prompt, candidates)
         obs = encode(
-            req.prompt_tokens, preds, [self._snapshot(b, req.now) for b in candidates], self.latency
+            req.prompt_tokens,
+            preds,
+            [self._snapshot(b, req.now, view.stale_after) for b in candidates],
+            self.latency,
         )
         feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}
         logits = self._actor.run(["logits"], feeds)[0][0]

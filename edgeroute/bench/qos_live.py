@@ -1,7 +1,8 @@
 """The QoS comparison through the real gateway: `edgeroute bench qos --live`.
 
 Six emulated workers (time-scaled) serve the six open RouterBench models behind one
-alias; real MBPP prompts arrive by a Poisson process (the same prompts and instants
+alias; real MBPP prompts of the evaluation split (which neither the predictor nor the
+agent trained on) arrive by a Poisson process (the same prompts and instants
 for every policy). QoS per request is the worker's reported ground-truth score
 (`x-emulated-score`) times [latency per token <= L], with latency measured by the
 client in emulated seconds; a shed request (503) scores 0.
@@ -111,7 +112,7 @@ def live(
     seed: int = 1,
 ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    prompts = [rng.choice(load_tasks(data_dir)).prompt for _ in range(requests)]
+    prompts = [rng.choice(load_tasks(data_dir, split="eval")).prompt for _ in range(requests)]
     gaps = [rng.expovariate(rate) for _ in range(requests)]
     specs: dict[str, dict[str, Any]] = {
         "RR": {"policy": "round_robin"},

@@ -9,7 +9,6 @@ embedding (`bow`), and frozen all-MiniLM-L6-v2 sentence embeddings (`minilm`, fr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from edgeroute.sim.edge import BUCKETS, MAX_TOKENS, MODELS, bucket
+from edgeroute.sim.edge import BUCKETS, MAX_TOKENS, MODELS, PREDICTOR_SHARE, bucket, prompt_share
 from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
 from workers.quality import iter_samples
 
@@ -34,7 +33,7 @@ class Dataset:
 
 
 def load_dataset(
-    data_dir: Path, models: tuple[str, ...] = MODELS, test_share: float = 0.2
+    data_dir: Path, models: tuple[str, ...] = MODELS, test_share: float = PREDICTOR_SHARE
 ) -> Dataset:
     texts, experts, score, length, test = [], [], [], [], []
     index = {m: i for i, m in enumerate(models)}
@@ -45,8 +44,7 @@ def load_dataset(
         experts.append(index[s.model])
         score.append(bucket(s.score, 1.0))
         length.append(bucket(min(s.tokens, MAX_TOKENS), MAX_TOKENS))
-        h = int(hashlib.sha1(s.prompt.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        test.append(h < test_share)
+        test.append(prompt_share(s.prompt) < test_share)
     return Dataset(texts, np.array(experts), np.array(score), np.array(length), np.array(test))
 
 

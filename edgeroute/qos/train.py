@@ -20,7 +20,15 @@ import torch
 from edgeroute.qos.evaluate import BASELINES, evaluate
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, SACConfig
-from edgeroute.sim.edge import EdgeEnv, NoisyOracle, default_experts, load_tasks
+from edgeroute.sim.edge import (
+    EdgeEnv,
+    NoisyOracle,
+    Predictor,
+    ServedPredictor,
+    default_experts,
+    load_tasks,
+)
+from policies.qos_drl import ScorePredictor
 
 
 @dataclass(frozen=True)
@@ -45,15 +53,20 @@ class TrainConfig:
 def make_env(
     cfg: TrainConfig, data_dir: Path, reward: str, episode_len: int | None = None
 ) -> EdgeEnv:
+    # The served predictor's real outputs on the agent's own split of the prompts
+    # (`edgeroute.sim.edge.in_split`): never the truth, never the evaluation prompts.
+    predictor: Predictor = (
+        NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
+    )
     return EdgeEnv(
         default_experts(cfg.experts, seed=0),
-        load_tasks(data_dir),
+        load_tasks(data_dir, split="agent"),
         rate=cfg.rate,
         latency_req=cfg.latency_ms / 1000,
         seed=cfg.seed,
         episode_len=episode_len or cfg.episode_len,
         reward=reward,  # type: ignore[arg-type]
-        predictor=NoisyOracle(zero=cfg.zero_predictions),
+        predictor=predictor,
     )
 
 

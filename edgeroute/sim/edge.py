@@ -18,18 +18,22 @@ from __future__ import annotations
 import csv
 import errno
 import gzip
+import hashlib
 import math
 import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from policies.qos_state import ExpertSnapshot, QueuedRequest, encode
 from workers.quality import iter_samples
+
+if TYPE_CHECKING:
+    from policies.qos_drl import ScorePredictor
 
 BUCKETS = 10
 MAX_TOKENS = 300  # the paper's generation limit
@@ -92,8 +96,34 @@ class Task:
 FREE_FORM = ("mbpp",)
 
 
+Split = Literal["predictor", "agent", "eval", "all"]
+# Prompts are split three ways by a fixed hash: the score and length predictor trains on
+# the share at or above PREDICTOR_SHARE; of the rest, the agent trains on the lower half
+# and is evaluated on the upper half, so neither sees a prompt the predictor learnt.
+PREDICTOR_SHARE = 0.2
+
+
+def prompt_share(prompt: str) -> float:
+    """The prompt's fixed place in [0, 1], where the splits cut."""
+    return int(hashlib.sha1(prompt.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def in_split(prompt: str, split: Split) -> bool:
+    h = prompt_share(prompt)
+    if split == "predictor":
+        return h >= PREDICTOR_SHARE
+    if split == "agent":
+        return h < PREDICTOR_SHARE / 2
+    if split == "eval":
+        return PREDICTOR_SHARE / 2 <= h < PREDICTOR_SHARE
+    return True
+
+
 def load_tasks(
-    data_dir: Path, models: tuple[str, ...] = MODELS, kinds: tuple[str, ...] | None = FREE_FORM
+    data_dir: Path,
+    models: tuple[str, ...] = MODELS,
+    kinds: tuple[str, ...] | None = FREE_FORM,
+    split: Split = "all",
 ) -> list[Task]:
     quality = data_dir / "router_quality"
     if not quality.is_dir():
@@ -109,7 +139,7 @@ def load_tasks(
             )
     tasks = []
     for prompt, answers in by_prompt.items():
-        if all(m in answers for m in models):
+        if all(m in answers for m in models) and in_split(prompt, split):
             ptoks = next(iter(answers.values()))[2]
             tasks.append(
                 Task(
@@ -152,6 +182,27 @@ class NoisyOracle:
         if rng.random() > self.length_acc:
             lb = min(BUCKETS - 1, max(0, lb + rng.choice((-2, -1, 1, 2))))
         return bucket_value(sb, 1.0), bucket_value(lb, MAX_TOKENS)
+
+
+class ServedPredictor:
+    """The predictions the gateway really makes: its own ONNX predictor run on the
+    prompt (`policies.qos_drl.ScorePredictor`), not the truth with noise. One run per
+    prompt covers every model; the result is kept."""
+
+    def __init__(self, predictor: ScorePredictor) -> None:
+        self.predictor = predictor
+        self._index = {m: predictor.index([m]) for m in MODELS}
+        self._cache: dict[str, dict[str, tuple[float, float]]] = {}
+
+    def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]:
+        found = self._cache.get(task.prompt)
+        if found is None:
+            preds = self.predictor.predict(task.prompt, list(self._index.values()))
+            found = self._cache[task.prompt] = dict(zip(self._index, preds, strict=True))
+        return found[model]
+
+
+Predictor = NoisyOracle | ServedPredictor
 
 
 def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[float]:
@@ -231,7 +282,7 @@ class EdgeEnv:
         seed: int = 0,
         episode_len: int = 256,
         reward: RewardKind = "qos",
-        predictor: NoisyOracle | None = None,
+        predictor: Predictor | None = None,
         arrivals: Iterator[float] | None = None,
     ) -> None:
         self.specs = experts

@@ -1,0 +1,96 @@
+"""The simulator drives the policy the gateway serves, through the gateway's view, on
+predictions the served predictor really makes and prompts no model trained on."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from edgeroute.qos.evaluate import cluster_view, evaluate, served
+from edgeroute.sim.edge import (
+    PREDICTOR_SHARE,
+    EdgeEnv,
+    ServedPredictor,
+    default_experts,
+    in_split,
+    load_tasks,
+    prompt_share,
+)
+from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
+from policies.qos_state import INPUTS
+from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
+from tests.support import DATA_DIR, needs_data
+
+pytestmark = needs_data("the RouterBench quality data")
+
+
+def test_the_three_splits_part_the_prompts_and_the_predictor_never_sees_the_others() -> None:
+    everything = load_tasks(DATA_DIR)
+    parts = {s: load_tasks(DATA_DIR, split=s) for s in ("predictor", "agent", "eval")}
+    prompts = {s: {t.prompt for t in ts} for s, ts in parts.items()}
+    assert sum(len(p) for p in prompts.values()) == len(everything)
+    assert not prompts["predictor"] & (prompts["agent"] | prompts["eval"])
+    assert not prompts["agent"] & prompts["eval"]
+    assert all(prompt_share(p) < PREDICTOR_SHARE for p in prompts["eval"])
+    assert len(prompts["eval"]) >= 40 and len(prompts["agent"]) >= 40
+    assert not in_split(next(iter(prompts["eval"])), "agent")
+
+
+def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on() -> None:
+    """The gateway's qos_drl, given the simulator as a ClusterView, picks what the
+    actor picks on the simulator's own features, decision by decision."""
+    policy = QoSDRL()
+    env = EdgeEnv(
+        default_experts(6, 0),
+        load_tasks(DATA_DIR, split="eval"),
+        episode_len=200,
+        predictor=ServedPredictor(policy.predictor),
+    )
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    actor = ort.InferenceSession(str(DEFAULT_MODEL_DIR / "actor.onnx"), opts)
+    names = {i.name for i in actor.get_inputs()}
+    act = served(policy)
+    env.reset(3)
+    done, i, busy = False, 0, 0
+    while not done:
+        obs = env.observe()
+        direct = int(
+            np.argmax(actor.run(["logits"], {k: obs[k][None] for k in INPUTS if k in names})[0][0])
+        )
+        assert act(env, i) == direct, i
+        busy += int(obs["running_mask"].sum() > 0)
+        _, done = env.step(direct)
+        i += 1
+    assert busy > 100  # the queues were not empty: the features were exercised
+
+
+def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
+    class Shed:
+        def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+            assert req.prompt and req.prompt_tokens > 0
+            assert [b.id for b in view.backends] == ["e0", "e1", "e2"]
+            return Decision(None, reason="shed")
+
+    env = EdgeEnv(default_experts(3, 0), load_tasks(DATA_DIR, split="eval"), episode_len=20)
+    score = evaluate(env, served(Shed()), [1])
+    assert score.drop_rate == 1.0 and score.qos == 0.0
+    env.reset(1)
+    env.step(1)
+    env.step(1)
+    _, view = cluster_view(env, 2)
+    first = view.backends[0]
+    assert first.inflight == first.running + first.waiting == 2
+    assert first.kv_capacity_tokens == env.specs[0].memory_tokens
+
+
+def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None:
+    policy = QoSDRL()
+    reqs = tuple(InflightRequest(100, float(t), 5) for t in range(7))
+    b = BackendView(id="a", running=2, waiting=5, stats_age=0.5, requests=reqs)
+    snap = policy._snapshot(b, now=10.0, stale_after=5.0)
+    assert (len(snap.running), len(snap.waiting)) == (2, 5)
+    assert [r.latency_per_token for r in snap.running] == [2.0, 1.8]  # the oldest two
+    unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
+    stale = policy._snapshot(unknown, now=10.0, stale_after=5.0)
+    assert (len(stale.running), len(stale.waiting)) == (5, 2)  # no figures: cut at the batch
