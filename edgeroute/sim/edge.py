@@ -23,7 +23,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 BUCKETS = 10
 MAX_TOKENS = 300  # the paper's generation limit
+MAX_PROMPT_TOKENS = 1500  # so that the smallest expert (2048 tokens of KV) can hold any
 # RouterBench's 11 models, open ones first: an expert is a model on some edge hardware.
 MODELS = (
     "mistralai/mistral-7b-chat",
@@ -144,7 +145,7 @@ def load_tasks(
             tasks.append(
                 Task(
                     prompt,
-                    min(ptoks, 1500),
+                    min(ptoks, MAX_PROMPT_TOKENS),
                     {m: a[0] for m, a in answers.items()},
                     {m: max(1, a[1]) for m, a in answers.items()},
                 )
@@ -205,29 +206,44 @@ class ServedPredictor:
 Predictor = NoisyOracle | ServedPredictor
 
 
-def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[float]:
+@dataclass(frozen=True)
+class Arrival:
+    """A request's arrival instant; from a trace, also its own prompt and output sizes,
+    which then replace the prompt's (its text, scores and predictions stay)."""
+
+    t: float
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[Arrival]:
     t = 0.0
     while True:
         t += rng.expovariate(rate)
-        yield t
+        yield Arrival(t)
 
 
-def azure_arrivals(path: Path, rate: float | None = None, start: int = 0) -> Iterator[float]:
-    """Arrival instants of an Azure LLM inference trace (any file of that CSV format),
-    from the `start`-th request, optionally rescaled to a mean `rate` per second."""
+def azure_arrivals(path: Path, rate: float | None = None, start: int = 0) -> Iterator[Arrival]:
+    """The requests of an Azure LLM inference trace (any file of that CSV format), from
+    the `start`-th, with their context and generated token counts; the instants
+    optionally rescaled to a mean `rate` per second."""
     from datetime import datetime
 
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as fh:
-        stamps = [
-            datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp() for row in csv.DictReader(fh)
-        ]
-    stamps = stamps[start:]
-    t0 = stamps[0]
-    span = stamps[-1] - t0
-    scale = (len(stamps) / span) / rate if rate and span > 0 else 1.0
-    for s in stamps:
-        yield (s - t0) * scale
+        rows = [
+            (
+                datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp(),
+                int(row["ContextTokens"]),
+                int(row["GeneratedTokens"]),
+            )
+            for row in csv.DictReader(fh)
+        ][start:]
+    t0 = rows[0][0]
+    span = rows[-1][0] - t0
+    scale = (len(rows) / span) / rate if rate and span > 0 else 1.0
+    for stamp, context, generated in rows:
+        yield Arrival((stamp - t0) * scale, context, generated)
 
 
 @dataclass(eq=False)
@@ -283,7 +299,7 @@ class EdgeEnv:
         episode_len: int = 256,
         reward: RewardKind = "qos",
         predictor: Predictor | None = None,
-        arrivals: Iterator[float] | None = None,
+        arrivals: Iterator[Arrival] | None = None,
     ) -> None:
         self.specs = experts
         self.tasks = tasks
@@ -314,9 +330,18 @@ class EdgeEnv:
     # -- requests -----------------------------------------------------------------
 
     def _next_request(self) -> None:
-        t = next(self.arrivals)
-        self._advance(t)
-        self.task = self.rng.choice(self.tasks)
+        arrival = next(self.arrivals)
+        self._advance(arrival.t)
+        task = self.rng.choice(self.tasks)
+        if arrival.prompt_tokens is not None and arrival.output_tokens is not None:
+            # The trace's sizes, capped as the prompts are (every expert can hold it).
+            out = min(MAX_TOKENS, max(1, arrival.output_tokens))
+            task = replace(
+                task,
+                prompt_tokens=min(MAX_PROMPT_TOKENS, max(1, arrival.prompt_tokens)),
+                lengths=dict.fromkeys(task.lengths, out),
+            )
+        self.task = task
         self.preds = [self.predictor.predict(self.task, e.model, self.rng) for e in self.specs]
 
     def qos(self, r: Req) -> float:

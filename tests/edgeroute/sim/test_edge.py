@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 
-from edgeroute.sim.edge import EdgeEnv, EdgeExpert, NoisyOracle, Task, bucket, poisson_arrivals
+from edgeroute.sim.edge import (
+    Arrival,
+    EdgeEnv,
+    EdgeExpert,
+    NoisyOracle,
+    Task,
+    azure_arrivals,
+    bucket,
+    poisson_arrivals,
+)
 
 MODEL = "m"
 
@@ -17,7 +27,13 @@ def task(prompt: int = 100, length: int = 10, score: float = 1.0) -> Task:
 
 
 def env_with(expert: EdgeExpert, tasks: list[Task], times: list[float], **kw: object) -> EdgeEnv:
-    return EdgeEnv([expert], tasks, arrivals=iter(times), predictor=NoisyOracle(1.0, 1.0), **kw)  # type: ignore[arg-type]
+    return EdgeEnv(
+        [expert],
+        tasks,
+        arrivals=iter(Arrival(t) for t in times),
+        predictor=NoisyOracle(1.0, 1.0),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 EXPERT = EdgeExpert(MODEL, base=0.01, k1=0.0001, k2=0.00001, memory_tokens=10_000)
@@ -111,7 +127,7 @@ def test_predictions_hit_the_configured_accuracy() -> None:
 
 def test_poisson_arrivals_have_the_rate() -> None:
     gen = poisson_arrivals(5.0, random.Random(1))
-    times = [next(gen) for _ in range(5000)]
+    times = [next(gen).t for _ in range(5000)]
     assert 5000 / times[-1] == pytest.approx(5.0, rel=0.05)
     assert all(b > a for a, b in itertools.pairwise(times))
 
@@ -125,3 +141,32 @@ def test_observation_shapes_and_masks() -> None:
     assert obs["running_mask"].sum() == 5 and obs["waiting_mask"].sum() == 2
     assert obs["experts"][0, 1] == pytest.approx(1.0)
     assert obs["experts"][0, 2] == pytest.approx(0.4)
+
+
+def test_a_trace_arrival_brings_its_own_sizes() -> None:
+    """The trace's context and generated tokens replace the prompt's, capped; the
+    prompt's score and text stay."""
+    arrivals = iter([Arrival(0.1, 900, 40), Arrival(0.2, 9000, 4000), Arrival(1e6)])
+    env = EdgeEnv(
+        [EXPERT], [task(100, 10, 0.7)], arrivals=arrivals, predictor=NoisyOracle(1.0, 1.0)
+    )
+    assert (env.task.prompt_tokens, env.task.lengths[MODEL]) == (900, 40)
+    assert env.task.scores[MODEL] == 0.7 and env.task.prompt == "p"
+    env.step(1)
+    assert (env.task.prompt_tokens, env.task.lengths[MODEL]) == (1500, 300)  # capped
+    env.step(1)
+    assert (env.task.prompt_tokens, env.task.lengths[MODEL]) == (100, 10)  # no sizes: its own
+
+
+def test_any_azure_format_file_gives_instants_and_sizes(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:48.6805900,396,109\n"
+        "2023-11-16 18:15:50.6805900,12,3\n"
+    )
+    got = list(azure_arrivals(trace))
+    assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
+    assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
+    assert [a.t for a in azure_arrivals(trace, rate=3.0)] == pytest.approx([0.0, 0.5, 1.0])
