@@ -75,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     pz.add_argument(
         "--mix",
         default="all",
-        choices=["all", "real", "specialised", "blended", "uniform"],
-        help="the servers' task mix (default: all four)",
+        help="the servers' task mix: all, real, specialised, blended, uniform, or a JSON "
+        "file with one {task: weight} object per server (default: all four)",
     )
     pz.add_argument(
         "--seeds", type=int, help="seeds per point (default 5, with --live 10; --quick: 1)"

@@ -19,6 +19,7 @@ holds (the paper's Fig. 7).
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ SHIFT = (
 
 
 def mix_sources(mix: str, shape: MoEShape, data: Path) -> list[Source] | None:
-    """Each server's activations under a mix; None where the shape has no such data."""
+    """Each server's activations under a mix; None where the shape has no such data.
+
+    `mix` may also be a JSON file: one object per server of task name -> weight, each
+    server drawing from the weighted blend of those tasks' (synthetic) distributions.
+    """
+    if mix.endswith(".json"):
+        return file_mix(Path(mix), shape, data)
     if mix == "real":
         if shape != MIXTRAL:
             return None
@@ -78,6 +85,22 @@ def mix_sources(mix: str, shape: MoEShape, data: Path) -> list[Source] | None:
     else:
         raise ValueError(f"unknown mix {mix!r}; known: {list(MIXES)}")
     return [Drawn((d,), shape.top_k) for d in dists]
+
+
+def file_mix(path: Path, shape: MoEShape, data: Path) -> list[Source]:
+    servers = json.loads(path.read_text())
+    if not isinstance(servers, list) or len(servers) != len(SPECIALISED):
+        raise ValueError(f"{path}: expected a list of {len(SPECIALISED)} objects, one per server")
+    out: list[Source] = []
+    for weights in servers:
+        if not isinstance(weights, dict) or not weights or min(weights.values()) < 0:
+            raise ValueError(f'{path}: each server needs task weights >= 0, e.g. {{"taco": 1}}')
+        total = float(sum(weights.values()))
+        if total <= 0:
+            raise ValueError(f"{path}: a server's weights sum to zero")
+        blend = sum(w / total * task_distribution(shape, t, data) for t, w in weights.items())
+        out.append(Drawn((np.asarray(blend),), shape.top_k))
+    return out
 
 
 PAPER = "Table II: Prism 30.6% below EPLB on DeepSeek-V2-Lite BigBench; slight gain on Mixtral"

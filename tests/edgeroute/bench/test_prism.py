@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from edgeroute.bench.prism import mix_sources
 from edgeroute.sim.moe import Drawn, Replayed
 from tests.support import DATA_DIR, needs_data
-from workers.moe import DEEPSEEK_V2_LITE, MIXTRAL, real_sequences
+from workers.moe import DEEPSEEK_V2_LITE, MIXTRAL, real_sequences, task_distribution
 
 pytestmark = needs_data("the MoE routing data")
 
@@ -46,3 +49,26 @@ def test_the_real_mix_replays_mixtrals_recorded_tokens_in_order() -> None:
     seq = next(s for s in real["gsm8k"] if any((s == tokens[0]).all((1, 2))))
     at = int(np.flatnonzero((seq == tokens[0]).all((1, 2)))[0])
     assert (seq[(at + np.arange(20)) % len(seq)] == tokens).all()
+
+
+def test_a_mix_file_blends_tasks_per_server_and_bad_files_are_refused(tmp_path: Path) -> None:
+    good = tmp_path / "mix.json"
+    good.write_text(json.dumps([{"taco": 1}, {"taco": 1, "wikitext": 1}, {"wikitext": 3}]))
+    dists = [
+        s.phases[0] for s in mix_sources(str(good), MIXTRAL, DATA_DIR) or [] if isinstance(s, Drawn)
+    ]
+    taco = task_distribution(MIXTRAL, "taco", DATA_DIR)
+    wiki = task_distribution(MIXTRAL, "wikitext", DATA_DIR)
+    assert len(dists) == 3
+    assert np.allclose(dists[0], taco) and np.allclose(dists[2], wiki)
+    assert np.allclose(dists[1], (taco + wiki) / 2)
+    for bad in (
+        [{"taco": 1}],
+        [{"taco": -1}, {"a": 1}, {"b": 1}],
+        [{}, {"a": 1}, {"b": 1}],
+        {"x": 1},
+    ):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=r"bad\.json"):
+            mix_sources(str(path), MIXTRAL, DATA_DIR)
