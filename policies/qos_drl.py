@@ -20,7 +20,7 @@ import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
 from policies.plugins import Need
-from policies.qos_state import INPUTS, ExpertSnapshot, QueuedRequest, encode
+from policies.qos_state import INPUTS, encode, snapshot
 from policies.qos_text import hashed_ids
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
@@ -89,28 +89,6 @@ class QoSDRL:
         ]
         return self.predictor.predict(prompt, experts)
 
-    def _snapshot(self, b: BackendView, now: float, stale_after: float) -> ExpertSnapshot:
-        queued = []
-        cap = max(1, b.kv_capacity_tokens)
-        for r in sorted(b.requests, key=lambda r: r.started_at):
-            share = (r.prompt_tokens + r.generated) / cap if b.kv_capacity_tokens else 0.0
-            queued.append(
-                QueuedRequest(
-                    r.prompt_tokens,
-                    r.pred_score,
-                    r.pred_length,
-                    share,
-                    r.generated,
-                    max(0.0, now - r.started_at) / max(1, r.generated),
-                )
-            )
-        # The oldest requests are the ones in the running batch: as many as the engine
-        # reports running, when its figures are fresh; else up to the batch cap.
-        fresh = b.stats_age <= stale_after
-        batch = min(b.running, self.running_cap) if fresh else self.running_cap
-        running, waiting = queued[:batch], queued[batch:]
-        return ExpertSnapshot(b.kv_usage, running, waiting)
-
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
         return self.ranked(req, view)[0]
 
@@ -123,7 +101,7 @@ class QoSDRL:
         obs = encode(
             req.prompt_tokens,
             preds,
-            [self._snapshot(b, req.now, view.stale_after) for b in candidates],
+            [snapshot(b, req.now, view.stale_after, self.running_cap) for b in candidates],
             self.latency,
         )
         feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}

@@ -1,7 +1,8 @@
 """The QoS-DRL router's state features (the QoS paper's eq. 6-7 and 9-12), in numpy.
 
-One encoder for training (the edge-expert simulator) and serving (the gateway's live
-view), so the ONNX graph always sees features built the same way.
+One snapshot builder (`snapshot`, from a backend's view) and one encoder, for training
+(the edge-expert simulator, which presents its experts as backend views) and serving
+(the gateway's live view), so the ONNX graph always sees features built the same way.
 
 - request (eq. 6): prompt tokens, predicted score, predicted length, its share of the
   expert's memory, tokens generated so far, latency per token so far (/ L);
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from policies.types import BackendView
 
 MAX_TOKENS = 300.0
 F_REQ, F_EXPERT = 6, 5
@@ -41,6 +44,31 @@ class ExpertSnapshot:
     waiting: Sequence[QueuedRequest]
     running_cap: int = 5
     waiting_cap: int = 5
+
+
+def snapshot(
+    b: BackendView, now: float, stale_after: float, running_cap: int = 5
+) -> ExpertSnapshot:
+    """One backend's state: its in-flight requests, oldest first, with their progress.
+    The oldest are the running batch: as many as the engine reports running when its
+    figures are fresh, else up to the batch cap."""
+    queued = []
+    cap = max(1, b.kv_capacity_tokens)
+    for r in sorted(b.requests, key=lambda r: r.started_at):
+        share = (r.prompt_tokens + r.generated) / cap if b.kv_capacity_tokens else 0.0
+        queued.append(
+            QueuedRequest(
+                r.prompt_tokens,
+                r.pred_score,
+                r.pred_length,
+                share,
+                r.generated,
+                max(0.0, now - r.started_at) / max(1, r.generated),
+            )
+        )
+    fresh = b.stats_age <= stale_after
+    batch = min(b.running, running_cap) if fresh else running_cap
+    return ExpertSnapshot(b.kv_usage, queued[:batch], queued[batch:])
 
 
 def _req(r: QueuedRequest, latency_req: float) -> list[float]:

@@ -20,9 +20,16 @@ from typing import Any
 import numpy as np
 
 from edgeroute.bench.stats import interval, shown
-from edgeroute.qos.evaluate import BASELINES, MODEL, Policy, Routing, Score, evaluate, served
+from edgeroute.qos.evaluate import BASELINES, Policy, Routing, Score, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
-from edgeroute.sim.edge import EdgeEnv, ServedPredictor, azure_arrivals, default_experts, load_tasks
+from edgeroute.sim.edge import (
+    MODEL,
+    EdgeEnv,
+    ServedPredictor,
+    azure_arrivals,
+    default_experts,
+    load_tasks,
+)
 from policies import PipelineSpec, build_pipeline
 from policies.qos_drl import QoSDRL, ScorePredictor
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo

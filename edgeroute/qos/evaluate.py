@@ -2,9 +2,9 @@
 average latency per token of completed requests, and the drop rate.
 
 `served` drives a gateway policy object (the `qos_drl` the gateway serves, or any
-registered policy) through the same `ClusterView` the gateway builds: the simulator's
-experts become backend views with the engine's running and waiting counts, KV use and
-the in-flight requests, so the policy under test is exactly the one that serves.
+registered policy) through the same `ClusterView` the gateway builds
+(`edgeroute.sim.edge.cluster_view`), so the policy under test is exactly the one that
+serves.
 """
 
 from __future__ import annotations
@@ -15,51 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgeroute.sim.edge import EdgeEnv
-from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
+from edgeroute.sim.edge import EdgeEnv, cluster_view
+from policies.types import ClusterView, Decision, RequestInfo
 
 Policy = Callable[[EdgeEnv, int], int]  # (env, decision index) -> action
-MODEL = "edge"  # every simulated expert serves it, under its own model as `expert`
 
 
 class Routing(Protocol):
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision: ...
-
-
-def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
-    """The waiting arrival and the experts as the gateway would see them."""
-    backends = []
-    for n, e in enumerate(env.experts):
-        queue = [*e.running, *e.fresh, *e.waiting]
-        backends.append(
-            BackendView(
-                id=f"e{n}",
-                models=frozenset({MODEL}),
-                expert=e.spec.model,
-                running=len(e.running) + len(e.fresh),
-                waiting=len(e.waiting),
-                kv_usage=e.memory(),
-                kv_capacity_tokens=e.spec.memory_tokens,
-                stats_age=0.0,
-                inflight=len(queue),
-                max_batch=e.spec.running_cap,
-                requests=tuple(
-                    InflightRequest(
-                        r.prompt_tokens, r.arrival, r.generated, r.pred_score, r.pred_length
-                    )
-                    for r in queue
-                ),
-            )
-        )
-    req = RequestInfo(
-        model=MODEL,
-        prompt_tokens=env.task.prompt_tokens,
-        prompt=env.task.prompt,
-        seq=i,
-        entropy=(env.seed * 1_000_003 + i) * 0x9E3779B97F4A7C15 % 2**64,  # not env.rng
-        now=env.now,
-    )
-    return req, ClusterView(tuple(backends))
 
 
 def served(policy: Routing) -> Policy:

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from policies.qos_state import ExpertSnapshot, QueuedRequest, encode
+from policies.qos_state import encode, snapshot
+from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.quality import iter_samples
 
 if TYPE_CHECKING:
@@ -483,30 +484,54 @@ class EdgeEnv:
         return observe(self)
 
 
-# -- the router's features of this state (the gateway builds the same ones) ----------
+# -- the state as the gateway sees it, and the router's features of it ------------
+
+MODEL = "edge"  # every simulated expert serves it, under its own model as `expert`
 
 
-def _queued(r: Req, e: ExpertState, now: float) -> QueuedRequest:
-    return QueuedRequest(
-        r.prompt_tokens,
-        r.pred_score,
-        r.pred_length,
-        r.tokens / e.spec.memory_tokens,
-        r.generated,
-        r.latency_per_token(now),
+def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
+    """The waiting arrival (the `i`th decision) and the experts as the gateway would
+    see them: the engine's running and waiting counts, KV use and capacity, and the
+    in-flight requests with their predictions and progress."""
+    backends = []
+    for n, e in enumerate(env.experts):
+        queue = [*e.running, *e.fresh, *e.waiting]
+        backends.append(
+            BackendView(
+                id=f"e{n}",
+                models=frozenset({MODEL}),
+                expert=e.spec.model,
+                running=len(e.running) + len(e.fresh),
+                waiting=len(e.waiting),
+                kv_usage=e.memory(),
+                kv_capacity_tokens=e.spec.memory_tokens,
+                stats_age=0.0,
+                inflight=len(queue),
+                max_batch=e.spec.running_cap,
+                requests=tuple(
+                    InflightRequest(
+                        r.prompt_tokens, r.arrival, r.generated, r.pred_score, r.pred_length
+                    )
+                    for r in queue
+                ),
+            )
+        )
+    req = RequestInfo(
+        model=MODEL,
+        prompt_tokens=env.task.prompt_tokens,
+        prompt=env.task.prompt,
+        seq=i,
+        entropy=(env.seed * 1_000_003 + i) * 0x9E3779B97F4A7C15 % 2**64,  # not env.rng
+        now=env.now,
     )
+    return req, ClusterView(tuple(backends))
 
 
 def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
-    now = env.now
+    """The features the gateway's `qos_drl` would build from `cluster_view`."""
+    _, view = cluster_view(env, env.decisions)
     experts = [
-        ExpertSnapshot(
-            e.memory(),
-            [_queued(r, e, now) for r in e.running + e.fresh],
-            [_queued(r, e, now) for r in e.waiting],
-            e.spec.running_cap,
-            e.spec.waiting_cap,
-        )
-        for e in env.experts
+        snapshot(b, env.now, view.stale_after, e.spec.running_cap)
+        for b, e in zip(view.backends, env.experts, strict=True)
     ]
     return encode(env.task.prompt_tokens, env.preds, experts, env.L, n_max)

@@ -6,18 +6,19 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from edgeroute.qos.evaluate import cluster_view, evaluate, served
+from edgeroute.qos.evaluate import evaluate, served
 from edgeroute.sim.edge import (
     PREDICTOR_SHARE,
     EdgeEnv,
     ServedPredictor,
+    cluster_view,
     default_experts,
     in_split,
     load_tasks,
     prompt_share,
 )
 from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
-from policies.qos_state import INPUTS
+from policies.qos_state import INPUTS, snapshot
 from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
 from tests.support import DATA_DIR, needs_data
 
@@ -85,12 +86,11 @@ def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
 
 
 def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None:
-    policy = QoSDRL()
     reqs = tuple(InflightRequest(100, float(t), 5) for t in range(7))
     b = BackendView(id="a", running=2, waiting=5, stats_age=0.5, requests=reqs)
-    snap = policy._snapshot(b, now=10.0, stale_after=5.0)
+    snap = snapshot(b, now=10.0, stale_after=5.0)
     assert (len(snap.running), len(snap.waiting)) == (2, 5)
     assert [r.latency_per_token for r in snap.running] == [2.0, 1.8]  # the oldest two
     unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
-    stale = policy._snapshot(unknown, now=10.0, stale_after=5.0)
+    stale = snapshot(unknown, now=10.0, stale_after=5.0)
     assert (len(stale.running), len(stale.waiting)) == (5, 2)  # no figures: cut at the batch
