@@ -42,9 +42,18 @@ class ScorePredictor:
             str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
         )
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
+        self._index: dict[tuple[str, ...], int] = {}
 
     def index(self, names: Sequence[str]) -> int:
-        """The predictor's index of a model (by name or suffix); 0 when unknown."""
+        """The predictor's index of a model (by name or suffix); 0 when unknown. Kept
+        per name list: it is asked for every backend of every request."""
+        key = tuple(names)
+        found = self._index.get(key)
+        if found is None:
+            found = self._index[key] = self._match(key)
+        return found
+
+    def _match(self, names: Sequence[str]) -> int:
         for name in names:
             for i, m in enumerate(self.models):
                 if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
