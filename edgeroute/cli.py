@@ -219,22 +219,32 @@ def cmd_fit_profiles(args: argparse.Namespace) -> None:
 
 
 def cmd_train_qos(args: argparse.Namespace) -> None:
-    from edgeroute.qos.train import TrainConfig, train
+    from edgeroute.qos.config import TrainConfig
+    from edgeroute.qos.train import train
 
     cfg = TrainConfig(
         variant=args.variant,
         experts=args.experts,
         rate=args.rate,
         latency_ms=args.latency_ms,
+        randomise=args.randomise,
+        credit=args.credit,
         steps=args.steps,
         warmup=min(args.warmup, args.steps),
+        envs=args.envs,
+        update_every=args.update_every,
+        batch=args.batch,
         eval_every=args.eval_every,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
-        update_every=args.update_every,
         lr=args.lr,
+        target_entropy_ratio=args.target_entropy,
+        hidden=args.hidden,
+        heads=args.heads,
+        layers=args.layers,
     )
-    train(cfg, Path(args.data_dir) if args.data_dir else default_data_dir(), Path(args.out))
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    train(cfg, data_dir, Path(args.out), resume=not args.restart)
 
 
 def cmd_train_moe_lm(args: argparse.Namespace) -> None:
@@ -401,18 +411,49 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="the paper's agent, its DSA ablation, or the baseline RL",
     )
-    q.add_argument("--steps", type=int, default=20_000, help="environment steps")
-    q.add_argument("--warmup", type=int, default=1_000, help="random steps before learning")
-    q.add_argument("--eval-every", type=int, default=2_000, help="steps between evaluations")
-    q.add_argument("--experts", type=int, default=6, help="N, the expert servers")
-    q.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second")
-    q.add_argument("--latency-ms", type=float, default=30.0, help="L, per token")
-    q.add_argument("--seed", type=int, default=0, help="the training seed")
+    from edgeroute.qos.config import TrainConfig
+
+    t = TrainConfig()
+    q.add_argument("--steps", type=int, default=t.steps, help="environment steps")
+    q.add_argument("--warmup", type=int, default=t.warmup, help="random steps before learning")
+    q.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between evaluations")
+    q.add_argument("--envs", type=int, default=t.envs, help="environments stepped together")
+    q.add_argument(
+        "--update-every", type=int, default=t.update_every, help="env steps per SAC update"
+    )
+    q.add_argument("--batch", type=int, default=t.batch, help="samples per SAC update")
+    q.add_argument("--experts", type=int, default=t.experts, help="N, the expert servers")
+    q.add_argument("--rate", type=float, default=t.rate, help="Poisson arrivals per second")
+    q.add_argument("--latency-ms", type=float, default=t.latency_ms, help="L, per token")
+    q.add_argument(
+        "--randomise",
+        action=argparse.BooleanOptionalAction,
+        default=t.randomise,
+        help="draw each episode's lambda in [3, 8]/s and L in [20, 40] ms",
+    )
+    q.add_argument(
+        "--credit",
+        choices=["request", "completion"],
+        default=t.credit,
+        help="reward each decision with its request's QoS, or completions as they happen",
+    )
+    q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(
         "--zero-predictions", action="store_true", help="train without the QoS predictions"
     )
-    q.add_argument("--update-every", type=int, default=4, help="env steps per SAC update")
-    q.add_argument("--lr", type=float, default=1e-4, help="learning rate")
+    q.add_argument("--lr", type=float, default=t.lr, help="learning rate")
+    q.add_argument(
+        "--target-entropy",
+        type=float,
+        default=t.target_entropy_ratio,
+        help="SAC's target entropy, as a share of log(actions)",
+    )
+    q.add_argument("--hidden", type=int, default=t.hidden, help="HAN width")
+    q.add_argument("--heads", type=int, default=t.heads, help="attention heads")
+    q.add_argument("--layers", type=int, default=t.layers, help="HAN layers")
+    q.add_argument(
+        "--restart", action="store_true", help="ignore a checkpoint in --out and start over"
+    )
     q.add_argument(
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )

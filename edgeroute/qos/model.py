@@ -4,8 +4,10 @@ The heterogeneous graph has four node types: the arrived request, the experts, a
 each expert's running and waiting requests. Each layer does node-level attention per
 relation (running->expert, waiting->expert, arrived->expert, expert->arrived; a
 request node hears its own expert), then semantic-level attention that weighs the
-relations. 2 layers, 4 heads, hidden 64, as in the paper. Everything is dense,
-padded tensors with masks, so the graph exports to ONNX.
+relations. The paper uses 2 layers, 4 heads and hidden 64; the trainer's defaults
+(`edgeroute.qos.sac.SACConfig`) are 2 layers, 2 heads and hidden 32, for the serving
+budget (see `docs/research.md`). Everything is dense, padded tensors with masks, so
+the graph exports to ONNX.
 
 Heads are pointer-style: expert n's logit (or Q-value) is read from the pair
 (arrived embedding, expert n's embedding), and `drop` from the arrived embedding, so
@@ -33,13 +35,15 @@ class NodeAttention(nn.Module):
     def forward(self, target: Tensor, neigh: Tensor, mask: Tensor) -> Tensor:
         # target [..., H], neigh [..., K, H], mask [..., K]
         shape = target.shape[:-1]
-        q = self.q(target).reshape(*shape, self.heads, self.d)
+        # Broadcast products rather than einsum: the matrices are tiny (K <= 12 keys of
+        # d <= 16), and batched matmul of tiny matrices costs more than it computes.
+        q = self.q(target).reshape(*shape, 1, self.heads, self.d)
         k = self.k(neigh).reshape(*shape, -1, self.heads, self.d)
         v = self.v(neigh).reshape(*shape, -1, self.heads, self.d)
-        scores = torch.einsum("...hd,...khd->...hk", q, k) / self.d**0.5
-        scores = scores + (1.0 - mask.unsqueeze(-2)) * NEG
-        attn = torch.softmax(scores, dim=-1) * mask.unsqueeze(-2)  # all-masked rows -> 0
-        out = torch.einsum("...hk,...khd->...hd", attn, v)
+        m = mask.unsqueeze(-1)  # [..., K, 1]
+        scores = (q * k).sum(-1) / self.d**0.5 + (1.0 - m) * NEG  # [..., K, heads]
+        attn = torch.softmax(scores, dim=-2) * m  # all-masked rows -> 0
+        out: Tensor = (attn.unsqueeze(-1) * v).sum(-3)  # [..., heads, d]
         return out.reshape(*shape, self.heads * self.d)
 
 
@@ -84,6 +88,7 @@ class HANLayer(nn.Module):
         m_exp: Tensor,
         m_run: Tensor,
         m_wait: Tensor,
+        last: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         z_exp = torch.stack(
             [
@@ -98,6 +103,8 @@ class HANLayer(nn.Module):
         z_arr = torch.stack([self.exp_to_arr(arr, exp, m_exp), self.arr_self(arr)], dim=1)
         new_arr = self.act(self.arr_sem(z_arr.unsqueeze(1), torch.ones_like(arr[:, :1])))
         new_arr = new_arr.squeeze(1)
+        if last:  # the heads read the arrived and expert nodes only
+            return new_arr, new_exp * m_exp.unsqueeze(-1), run, wait
         from_exp = self.req_from_exp(exp).unsqueeze(2)
         new_run = self.act(self.req_self(run) + from_exp) * m_run.unsqueeze(-1)
         new_wait = self.act(self.req_self(wait) + from_exp) * m_wait.unsqueeze(-1)
@@ -126,9 +133,16 @@ class HANEncoder(nn.Module):
         exp = self.in_exp(experts) * expert_mask.unsqueeze(-1)
         run = self.in_req(running) * running_mask.unsqueeze(-1)
         wait = self.in_req(waiting) * waiting_mask.unsqueeze(-1)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             arr, exp, run, wait = layer(
-                arr, exp, run, wait, expert_mask, running_mask, waiting_mask
+                arr,
+                exp,
+                run,
+                wait,
+                expert_mask,
+                running_mask,
+                waiting_mask,
+                last=i == len(self.layers) - 1,
             )
         return arr, exp
 
@@ -226,5 +240,7 @@ class TwinCritic(nn.Module):
 
     def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:
         arr, exp = self.encoder(*obs)
-        mask = obs[4]
-        return self.q1(arr, exp, mask, 0.0), self.q2(arr, exp, mask, 0.0)
+        return self.heads(arr, exp, obs[4])
+
+    def heads(self, arr: Tensor, exp: Tensor, expert_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return self.q1(arr, exp, expert_mask, 0.0), self.q2(arr, exp, expert_mask, 0.0)

@@ -1,37 +1,32 @@
 """Discrete SAC over {drop, expert 1..N} (Haarnoja et al., in its discrete-action form).
 
-A replay buffer of padded observations; the actor and a twin critic each have their own
-HAN (or, for the baseline, expert-feature) encoder; the temperature is tuned towards a
+A replay buffer of padded observations; one HAN (or, for Baseline RL, expert-feature)
+encoder shared by the twin critic and the actor; the temperature is tuned towards a
 target entropy; the target critic follows by Polyak averaging.
+
+Where this departs from the letter of SAC, for speed on a CPU (see
+`docs/research.md`, "Training the QoS router"): the encoder learns from the critic's
+loss only and the actor's head reads it detached (as in SAC-AE and DrQ), so an
+update runs three encoder passes instead of five; and the actor's loss uses the Q
+values of the critic's own pass.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from edgeroute.qos.model import QoSNet, TwinCritic
+from edgeroute.qos.config import SACConfig
+from edgeroute.qos.model import NEG, QoSNet, TwinCritic
 from policies.qos_state import INPUTS
 
-
-@dataclass(frozen=True)
-class SACConfig:
-    encoder: str = "han"  # or "experts" for Baseline RL
-    hidden: int = 64
-    heads: int = 4
-    layers: int = 2
-    gamma: float = 0.99
-    tau: float = 0.005
-    lr: float = 3e-4
-    batch: int = 64
-    buffer: int = 100_000
-    target_entropy_ratio: float = 0.5  # of log(number of actions)
+MASK = INPUTS.index("expert_mask")
 
 
 class Replay:
@@ -74,20 +69,50 @@ class Replay:
             torch.from_numpy(self.done[idx]),
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        n = self.size
+        return {
+            "obs": {k: v[:n].copy() for k, v in self.obs.items()},
+            "next": {k: v[:n].copy() for k, v in self.next.items()},
+            "action": self.action[:n].copy(),
+            "reward": self.reward[:n].copy(),
+            "done": self.done[:n].copy(),
+            "i": self.i,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        n = len(state["action"])
+        for k in self.obs:
+            self.obs[k][:n] = state["obs"][k]
+            self.next[k][:n] = state["next"][k]
+        self.action[:n], self.reward[:n], self.done[:n] = (
+            state["action"],
+            state["reward"],
+            state["done"],
+        )
+        self.size, self.i = n, int(state["i"])
+
 
 def batch_of(obs: dict[str, np.ndarray]) -> list[Tensor]:
-    return [torch.from_numpy(obs[k][None]) for k in INPUTS]
+    """Tensors for one observation or, when already stacked, a batch of them."""
+    one = obs["arrived"].ndim == 1
+    return [torch.from_numpy(obs[k][None] if one else obs[k]) for k in INPUTS]
+
+
+def stack(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([o[k] for o in observations]) for k in INPUTS}
 
 
 class SAC:
     def __init__(self, config: SACConfig, n_actions: int) -> None:
         c = config
         self.config = c
-        self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers)
         self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers)
+        self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers)
+        self.actor.encoder = self.critic.encoder  # shared; trained by the critic's loss
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.zeros(1, requires_grad=True)
-        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=c.lr)
+        self.log_alpha = torch.full((1,), math.log(c.init_alpha), requires_grad=True)
+        self.opt_actor = torch.optim.Adam(self.actor.head.parameters(), lr=c.lr)
         self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=c.lr)
         self.target_entropy = c.target_entropy_ratio * math.log(n_actions)
@@ -98,23 +123,34 @@ class SAC:
 
     @torch.no_grad()
     def act(self, obs: dict[str, np.ndarray], greedy: bool, rng: np.random.Generator) -> int:
-        logits = self.actor(*batch_of(obs))[0]
+        return int(self.act_batch(obs, greedy, rng)[0])
+
+    @torch.no_grad()
+    def act_batch(
+        self, obs: dict[str, np.ndarray], greedy: bool, rng: np.random.Generator
+    ) -> np.ndarray:
+        """One action per observation of a batch (or of a single observation)."""
+        logits = self.actor(*batch_of(obs)).numpy().astype(np.float64)
         if greedy:
-            return int(torch.argmax(logits))
-        p = torch.softmax(logits, -1).numpy().astype(np.float64)
-        return int(rng.choice(len(p), p=p / p.sum()))
+            return np.asarray(logits.argmax(-1))
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        u = rng.random((len(p), 1))
+        chosen: np.ndarray = np.minimum((p.cumsum(-1) < u).sum(-1), p.shape[1] - 1)
+        return chosen
 
     def update(self, replay: Replay, rng: np.random.Generator) -> dict[str, float]:
         c = self.config
         obs, action, reward, nxt, done = replay.sample(c.batch, rng)
         with torch.no_grad():
-            logits_next = self.actor(*nxt)
-            p_next = torch.softmax(logits_next, -1)
+            arr_n, exp_n = self.critic.encoder(*nxt)
+            p_next = torch.softmax(self.actor.head(arr_n, exp_n, nxt[MASK], NEG), -1)
             logp_next = torch.log(p_next + 1e-8)
             q1t, q2t = self.target(*nxt)
             v_next = (p_next * (torch.min(q1t, q2t) - self.alpha * logp_next)).sum(-1)
             target = reward + c.gamma * (1.0 - done) * v_next
-        q1, q2 = self.critic(*obs)
+        arr, exp = self.critic.encoder(*obs)
+        q1, q2 = self.critic.heads(arr, exp, obs[MASK])
         a = action.unsqueeze(-1)
         loss_q = F.mse_loss(q1.gather(-1, a).squeeze(-1), target) + F.mse_loss(
             q2.gather(-1, a).squeeze(-1), target
@@ -123,11 +159,10 @@ class SAC:
         loss_q.backward()
         self.opt_critic.step()
 
-        logits = self.actor(*obs)
+        logits = self.actor.head(arr.detach(), exp.detach(), obs[MASK], NEG)
         p = torch.softmax(logits, -1)
         logp = torch.log(p + 1e-8)
-        with torch.no_grad():
-            q = torch.min(*self.critic(*obs))
+        q = torch.min(q1, q2).detach()
         loss_pi = (p * (self.alpha.detach() * logp - q)).sum(-1).mean()
         self.opt_actor.zero_grad()
         loss_pi.backward()
@@ -147,4 +182,26 @@ class SAC:
             "loss_pi": loss_pi.item(),
             "alpha": self.alpha.item(),
             "entropy": entropy.mean().item(),
+            "q": q.mean().item(),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "actor_head": self.actor.head.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target": self.target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "opt_actor": self.opt_actor.state_dict(),
+            "opt_critic": self.opt_critic.state_dict(),
+            "opt_alpha": self.opt_alpha.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.head.load_state_dict(state["actor_head"])
+        self.critic.load_state_dict(state["critic"])
+        self.target.load_state_dict(state["target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.opt_actor.load_state_dict(state["opt_actor"])
+        self.opt_critic.load_state_dict(state["opt_critic"])
+        self.opt_alpha.load_state_dict(state["opt_alpha"])

@@ -3,136 +3,232 @@
 Variants (the paper's ablations): `full` (HAN state abstraction + the QoS-aware reward
 of eq. 16), `dsa` (HAN + completion-only reward), `baseline` (expert-level features +
 completion-only reward: Baseline RL). `--zero-predictions` trains without predictors.
-Prints progress, saves checkpoints, keeps the model with the best evaluation, and
-exports its actor (encoder and head together) to ONNX with a parity check.
+
+Several environments step in lockstep and act in one batched forward pass; each
+episode draws its hardware from the training share (`TRAIN_HARDWARE`) and, with
+`randomise`, its arrival rate and latency target from the paper's sweep ranges, so one
+agent serves every setting and is evaluated on hardware it never saw. Prints progress,
+checkpoints learner, optimisers and replay (a run that is stopped resumes from its last
+checkpoint), keeps the actor with the best evaluation on training hardware and
+prompts, and exports it to ONNX with a parity check.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from edgeroute.qos.evaluate import BASELINES, evaluate
+from edgeroute.qos.config import LATENCIES_MS, RATES, TrainConfig
+from edgeroute.qos.evaluate import evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
-from edgeroute.qos.sac import SAC, Replay, SACConfig
+from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.sim.edge import (
+    TRAIN_HARDWARE,
     EdgeEnv,
     NoisyOracle,
     Predictor,
+    Req,
     ServedPredictor,
+    Task,
     default_experts,
     load_tasks,
 )
 from policies.qos_drl import ScorePredictor
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    variant: str = "full"
-    experts: int = 6
-    rate: float = 5.0
-    latency_ms: float = 30.0
-    steps: int = 20_000
-    warmup: int = 1_000
-    update_every: int = 2
-    eval_every: int = 2_000
-    eval_seeds: tuple[int, ...] = (1001, 1002)
-    episode_len: int = 256
-    seed: int = 0
-    zero_predictions: bool = False
-    threads: int = 2
-    lr: float = 1e-4
-    target_entropy_ratio: float = 0.7  # of log(actions): keeps exploring, resists collapse
+Obs = dict[str, np.ndarray]
 
 
 def make_env(
-    cfg: TrainConfig, data_dir: Path, reward: str, episode_len: int | None = None
+    cfg: TrainConfig,
+    data_dir: Path,
+    seed: int = 0,
+    episode_len: int | None = None,
+    predictor: Predictor | None = None,
+    tasks: list[Task] | None = None,
 ) -> EdgeEnv:
     # The served predictor's real outputs on the agent's own split of the prompts
     # (`edgeroute.sim.edge.in_split`): never the truth, never the evaluation prompts.
-    predictor: Predictor = (
-        NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
-    )
+    if predictor is None:
+        predictor = (
+            NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
+        )
     return EdgeEnv(
-        default_experts(cfg.experts, seed=0),
-        load_tasks(data_dir, split="agent"),
+        default_experts(cfg.experts, seed=TRAIN_HARDWARE[0]),
+        tasks or load_tasks(data_dir, split="agent"),
         rate=cfg.rate,
         latency_req=cfg.latency_ms / 1000,
-        seed=cfg.seed,
+        seed=seed,
         episode_len=episode_len or cfg.episode_len,
-        reward=reward,  # type: ignore[arg-type]
+        reward=cfg.reward,  # type: ignore[arg-type]
         predictor=predictor,
     )
 
 
-def train(cfg: TrainConfig, data_dir: Path, out: Path) -> dict[str, object]:
+def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> None:
+    hardware = int(rng.integers(TRAIN_HARDWARE.start, TRAIN_HARDWARE.stop))
+    rate, latency = cfg.rate, cfg.latency_ms
+    if cfg.randomise:
+        rate, latency = float(rng.uniform(*RATES)), float(rng.uniform(*LATENCIES_MS))
+    env.reset(
+        int(rng.integers(1 << 30)),
+        experts=default_experts(cfg.experts, seed=hardware),
+        rate=rate,
+        latency_req=latency / 1000,
+    )
+
+
+class Pending:
+    """Per-request credit: a decision's transition waits until the request it routed
+    finishes, and is then stored with that request's own QoS (eq. 1), less the action
+    impact penalty (eq. 15) the decision incurred. A drop is stored at once, at 0."""
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+        self.waiting: list[tuple[Req, Obs, int, float, Obs, bool]] = []
+
+    def add(self, env: EdgeEnv, obs: Obs, action: int, nxt: Obs, done: bool) -> None:
+        req = env.last_request
+        if req is None:
+            self.replay.add(obs, action, -env.last_penalty, nxt, done)
+        else:
+            self.waiting.append((req, obs, action, env.last_penalty, nxt, done))
+
+    def settle(self, env: EdgeEnv) -> None:
+        keep = []
+        for item in self.waiting:
+            req, obs, action, penalty, nxt, done = item
+            if math.isfinite(req.done_at):
+                self.replay.add(obs, action, env.qos(req) - penalty, nxt, done)
+            else:
+                keep.append(item)
+        self.waiting = keep
+
+
+def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
+    """The default setting on training hardware and prompts (hardware seeds 1, 2, ...):
+    what checkpoints are chosen by, so the held-out splits stay unseen."""
+    scores = []
+    for k in range(cfg.eval_episodes):
+        env.reset(
+            1001 + k,
+            experts=default_experts(cfg.experts, seed=TRAIN_HARDWARE[k]),
+            rate=cfg.rate,
+            latency_req=cfg.latency_ms / 1000,
+        )
+        scores.append(evaluate(env, policy, [1001 + k], reset=False))
+    return {
+        "qos": float(np.mean([s.qos for s in scores])),
+        "latency_ms": float(np.mean([s.latency_ms for s in scores])),
+        "drop_rate": float(np.mean([s.drop_rate for s in scores])),
+    }
+
+
+def _save(obj: object, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # a run killed while saving keeps its previous checkpoint
+
+
+def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> dict[str, object]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    reward = "qos" if cfg.variant == "full" else "completion"
-    env = make_env(cfg, data_dir, reward)
-    eval_env = make_env(cfg, data_dir, reward, episode_len=512)
-    sac = SAC(
-        SACConfig(
-            encoder="experts" if cfg.variant == "baseline" else "han",
-            lr=cfg.lr,
-            target_entropy_ratio=cfg.target_entropy_ratio,
-        ),
-        n_actions=cfg.experts + 1,
+    predictor = (
+        NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
     )
-    obs = env.observe()
-    replay = Replay(SACConfig().buffer, obs)
+    tasks = load_tasks(data_dir, split="agent")
+    envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
+    eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)
+    sac = SAC(cfg.sac(), n_actions=cfg.experts + 1)
+    for env in envs:
+        new_episode(env, cfg, rng)
+    obs = [env.observe() for env in envs]
+    replay = Replay(cfg.sac().buffer, obs[0])
+    pending = [Pending(replay) for _ in envs]
     out.mkdir(parents=True, exist_ok=True)
-    best, history = -1.0, []
-    started = time.time()
-    last_log: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
-        action = (
-            int(rng.integers(0, cfg.experts + 1))
-            if step <= cfg.warmup
-            else sac.act(obs, greedy=False, rng=rng)
+    ckpt = out / "checkpoint.pt"
+    step, best, history, seconds = 0, -1.0, [], 0.0
+    reference = eval_score(eval_env, cfg, shortest_queue)
+    if resume and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
+        sac.load_state_dict(state["sac"])
+        replay.load_state_dict(state["replay"])
+        rng.bit_generator.state = state["rng"]
+        step, best, history, seconds = (
+            state["step"],
+            state["best"],
+            state["history"],
+            state["seconds"],
         )
-        r, done = env.step(action)
-        nxt = env.observe()
-        replay.add(obs, action, r, nxt, done)
-        obs = nxt
-        if done:
-            env.reset(int(rng.integers(1 << 30)))
-            obs = env.observe()
-        if step > cfg.warmup and step % cfg.update_every == 0:
-            last_log = sac.update(replay, rng)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            score = evaluate(
-                eval_env, lambda e, i: sac.act(e.observe(), True, rng), list(cfg.eval_seeds)
-            )
-            rate = step / (time.time() - started)
-            history.append(
-                {
-                    "step": step,
-                    "qos": score.qos,
-                    "latency_ms": score.latency_ms,
-                    "drop_rate": score.drop_rate,
-                    **last_log,
-                }
-            )
+        for env in envs:  # episodes restart (their pending credit is lost); the learner
+            # and its memory carry on
+            new_episode(env, cfg, rng)
+        obs = [env.observe() for env in envs]
+        print(f"resumed {ckpt} at step {step}", flush=True)
+    started = time.time() - seconds
+    last_log: dict[str, float] = {}
+    next_eval = (step // cfg.eval_every + 1) * cfg.eval_every
+    while step < cfg.steps:
+        if step < cfg.warmup:
+            actions = rng.integers(0, cfg.experts + 1, len(envs))
+        else:
+            actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
+        for k, env in enumerate(envs):
+            r, done = env.step(int(actions[k]))
+            nxt = env.observe()
+            if cfg.credit == "request":
+                pending[k].add(env, obs[k], int(actions[k]), nxt, done)
+                if done:
+                    env.drain()  # every routed request finishes, so all are credited
+                pending[k].settle(env)
+            else:  # the paper's letter: completions are rewarded when they happen
+                replay.add(obs[k], int(actions[k]), r, nxt, done)
+            if done:
+                new_episode(env, cfg, rng)
+                nxt = env.observe()
+            obs[k] = nxt
+        before, step = step, step + len(envs)
+        if step > cfg.warmup:
+            for _ in range(step // cfg.update_every - before // cfg.update_every):
+                last_log = sac.update(replay, rng)
+        if step >= next_eval or step >= cfg.steps:
+            next_eval += cfg.eval_every
+            score = eval_score(eval_env, cfg, lambda e, i: sac.act(e.observe(), True, rng))
+            elapsed = time.time() - started
+            history.append({"step": step, "seconds": round(elapsed, 1), **score, **last_log})
             mark = ""
-            if score.qos > best:
-                best = score.qos
+            if score["qos"] > best:
+                best = score["qos"]
                 torch.save(sac.actor.state_dict(), out / "best_actor.pt")
                 mark = "  * best"
-            torch.save(
-                {"actor": sac.actor.state_dict(), "critic": sac.critic.state_dict(), "step": step},
-                out / "checkpoint.pt",
+            _save(
+                {
+                    "config": asdict(cfg),
+                    "sac": sac.state_dict(),
+                    "replay": replay.state_dict(),
+                    "rng": rng.bit_generator.state,
+                    "step": step,
+                    "best": best,
+                    "history": history,
+                    "seconds": elapsed,
+                },
+                ckpt,
             )
             print(
-                f"step {step:>7}  {rate:6.0f} steps/s  eval QoS {score.qos:.3f}  "
-                f"latency {score.latency_ms:5.1f} ms  drops {score.drop_rate:.1%}  "
-                f"alpha {last_log.get('alpha', float('nan')):.3f}{mark}",
+                f"step {step:>7}  {step / elapsed:6.0f} steps/s  eval QoS {score['qos']:.3f} "
+                f"(SQF {reference['qos']:.3f})  drops {score['drop_rate']:.1%}  "
+                f"alpha {last_log.get('alpha', float('nan')):.3f}  "
+                f"entropy {last_log.get('entropy', float('nan')):.2f}{mark}",
                 flush=True,
             )
     sac.actor.load_state_dict(torch.load(out / "best_actor.pt"))
@@ -141,17 +237,15 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path) -> dict[str, object]:
     result = {
         "config": asdict(cfg),
         "best_eval_qos": best,
+        "sqf_eval_qos": reference["qos"],
         "onnx_parity_max_abs": diff,
         "history": history,
         "seconds": round(time.time() - started, 1),
-        "baselines": {
-            name: asdict(evaluate(eval_env, policy, list(cfg.eval_seeds)))
-            for name, policy in BASELINES.items()
-        },
+        "steps_per_second": round(step / (time.time() - started), 1),
     }
     (out / "training.json").write_text(json.dumps(result, indent=1) + "\n")
     print(
-        f"best eval QoS {best:.3f}; ONNX parity max |diff| {diff:.2e}; exported "
-        f"{out / 'actor.onnx'}"
+        f"best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); ONNX parity max |diff| "
+        f"{diff:.2e}; exported {out / 'actor.onnx'}"
     )
     return result

@@ -66,6 +66,12 @@ class EdgeExpert:
     waiting_cap: int = 5
 
 
+# Hardware is split like the prompts: agents train on experts drawn from these seeds,
+# and are evaluated on others (seed 0, the benchmark's default, and HELD_OUT_HARDWARE).
+TRAIN_HARDWARE = range(1, 10_001)
+HELD_OUT_HARDWARE = tuple(range(20_001, 20_011))
+
+
 def default_experts(n: int, seed: int = 0) -> list[EdgeExpert]:
     """N experts: models cycled over RouterBench's, hardware drawn once per seed (one
     RTX 4090-class GPU each, 10-22 ms per iteration, 2-6K tokens of KV)."""
@@ -317,7 +323,18 @@ class EdgeEnv:
     def n(self) -> int:
         return len(self.specs)
 
-    def reset(self, seed: int | None = None) -> None:
+    def reset(
+        self,
+        seed: int | None = None,
+        *,
+        experts: list[EdgeExpert] | None = None,
+        rate: float | None = None,
+        latency_req: float | None = None,
+    ) -> None:
+        """A new episode; optionally on other hardware, load or latency target."""
+        self.specs = experts or self.specs
+        self.rate = rate or self.rate
+        self.L = latency_req or self.L
         self.rng = random.Random(self.seed if seed is None else seed)
         self.experts = [ExpertState(s) for s in self.specs]
         self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
@@ -423,8 +440,11 @@ class EdgeEnv:
         return penalty
 
     def step(self, action: int) -> tuple[float, bool]:
-        """Route the waiting arrival; returns (reward, episode done)."""
+        """Route the waiting arrival; returns (reward, episode done). The request it
+        routed (None when dropped) and the action impact penalty are kept as
+        `last_request` and `last_penalty`, for credit given per request."""
         penalty = 0.0
+        self.last_request: Req | None = None
         if action == 0:
             self.dropped += 1
             self.finished.append(
@@ -463,8 +483,10 @@ class EdgeEnv:
                     self.preds[n][1],
                 )
                 e.waiting.append(req)
+                self.last_request = req
                 if not e.running and not e.fresh:
                     self._admit(e, self.now)
+        self.last_penalty = penalty
         self.decisions += 1
         self._completed_qos = 0.0
         self._next_request()
