@@ -43,6 +43,14 @@ class InflightEntry:
     pred_score: float = 0.0
     pred_length: float = 0.0
     token_target: float | None = None  # set when a QoS policy routed the request
+    streamed: bool = False  # counted from its events; else estimated, see `credit`
+    _estimate: float = 0.0
+
+    def credit(self, tokens: float) -> None:
+        """A whole-answer request's progress: its share of the tokens its engine has
+        generated since the last scrape (nothing reaches us before its answer)."""
+        self._estimate += tokens
+        self.generated = int(self._estimate)
 
     def snapshot(self) -> InflightRequest:
         return InflightRequest(
@@ -257,6 +265,15 @@ class BackendPool:
                 prefix.move_to_end(h)
             while len(prefix) > self._prefix_entries:
                 prefix.popitem(last=False)
+        self._dirty.add(b)
+
+    def engine_generated(self, b: Backend, tokens: float) -> None:
+        """`tokens` more from `b`'s engine: shared among its running requests, of which
+        those this replica sent whole (not streamed) take their part as progress."""
+        share = tokens / max(1, b.stats.running, len(b.requests))
+        for entry in b.requests.values():
+            if not entry.streamed:
+                entry.credit(share)
         self._dirty.add(b)
 
     def finished(self, b: Backend, entry: InflightEntry | None = None) -> None:

@@ -137,6 +137,7 @@ class Forwarder:
                 pred_score=score,
                 pred_length=length,
                 token_target=decision.token_target,
+                streamed=stream,
             )
             self.pool.dispatched(backend, info.block_hashes, entry)
             # Only built when there are hooks to call: most requests have none.

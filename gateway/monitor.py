@@ -165,6 +165,8 @@ class Monitor:
         now = time.monotonic()
         generated = _first(samples, GENERATED)
         if generated is not None and generated != b.stats.generated_total:
+            if b.stats.generated_total is not None and generated > b.stats.generated_total:
+                self.pool.engine_generated(b, generated - b.stats.generated_total)
             b.stats.generated_total = generated
             b.stats.generated_moved_at = now
         b.stats.scraped_at = now

@@ -20,7 +20,7 @@ import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
 from policies.plugins import Need
-from policies.qos_state import INPUTS, encode, snapshot
+from policies.qos_state import INPUTS, FeatureCache, encode, snapshot
 from policies.qos_text import hashed_ids
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
@@ -86,7 +86,11 @@ class QoSDRL:
         opts.intra_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
-        self.predictor = ScorePredictor(model_dir)
+        # A trained actor may come alone (a training run's folder): it then uses the
+        # predictor the gateway ships, which is what it trained on.
+        shipped = (model_dir / "predictor.onnx").exists()
+        self.predictor = ScorePredictor(model_dir if shipped else DEFAULT_MODEL_DIR)
+        self._features: FeatureCache = {}
         self._inputs = {i.name for i in self._actor.get_inputs()}
         self.latency = latency_ms / 1000.0
         self.running_cap = running_cap
@@ -110,7 +114,10 @@ class QoSDRL:
         obs = encode(
             req.prompt_tokens,
             preds,
-            [snapshot(b, req.now, view.stale_after, self.running_cap) for b in candidates],
+            [
+                snapshot(b, req.now, view.stale_after, self.running_cap, self._features)
+                for b in candidates
+            ],
             self.latency,
         )
         feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}

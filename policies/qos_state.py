@@ -28,58 +28,68 @@ F_REQ, F_EXPERT = 6, 5
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedRequest:
-    prompt_tokens: int
-    pred_score: float
-    pred_length: float
-    memory_share: float  # e_{j,n,t}: its tokens over the expert's memory
-    generated: int
-    latency_per_token: float  # seconds
-
-
-@dataclass(frozen=True, slots=True)
 class ExpertSnapshot:
+    """One expert's state: its memory use and its in-flight requests, oldest first, as
+    feature rows (eq. 6) whose last column still holds seconds per token (`encode`
+    divides by L). The first `running` rows are the running batch, the rest wait."""
+
     memory: float  # e_{n,t}
-    running: Sequence[QueuedRequest]
-    waiting: Sequence[QueuedRequest]
+    queue: np.ndarray  # [k, F_REQ]
+    running: int
     running_cap: int = 5
     waiting_cap: int = 5
 
+    @property
+    def waiting(self) -> int:
+        return len(self.queue) - self.running
+
+
+# A backend's requests change only when the gateway rebuilds its view of it; between
+# rebuilds the same tuple comes back, and its rows need only their latency refreshed.
+_Static = tuple[np.ndarray, np.ndarray, np.ndarray]  # rows, started_at, max(1, generated)
+FeatureCache = dict[str, tuple[object, int, _Static]]
+
+
+def _static(b: BackendView) -> _Static:
+    reqs = sorted(b.requests, key=lambda r: r.started_at)
+    a = np.array(
+        [(r.prompt_tokens, r.pred_score, r.pred_length, r.generated, r.started_at) for r in reqs],
+        np.float64,
+    ).reshape(len(reqs), 5)
+    rows = np.zeros((len(reqs), F_REQ))
+    rows[:, 0] = a[:, 0] / 1000.0
+    rows[:, 1] = a[:, 1]
+    rows[:, 2] = a[:, 2] / MAX_TOKENS
+    if b.kv_capacity_tokens:
+        rows[:, 3] = (a[:, 0] + a[:, 3]) / max(1, b.kv_capacity_tokens)
+    rows[:, 4] = a[:, 3] / MAX_TOKENS
+    return rows, a[:, 4], np.maximum(1.0, a[:, 3])
+
 
 def snapshot(
-    b: BackendView, now: float, stale_after: float, running_cap: int = 5
+    b: BackendView,
+    now: float,
+    stale_after: float,
+    running_cap: int = 5,
+    cache: FeatureCache | None = None,
 ) -> ExpertSnapshot:
     """One backend's state: its in-flight requests, oldest first, with their progress.
     The oldest are the running batch: as many as the engine reports running when its
-    figures are fresh, else up to the batch cap."""
-    queued = []
-    cap = max(1, b.kv_capacity_tokens)
-    for r in sorted(b.requests, key=lambda r: r.started_at):
-        share = (r.prompt_tokens + r.generated) / cap if b.kv_capacity_tokens else 0.0
-        queued.append(
-            QueuedRequest(
-                r.prompt_tokens,
-                r.pred_score,
-                r.pred_length,
-                share,
-                r.generated,
-                max(0.0, now - r.started_at) / max(1, r.generated),
-            )
-        )
+    figures are fresh, else up to the batch cap. `cache` keeps each backend's rows
+    between calls while its view is unchanged."""
+    found = cache.get(b.id) if cache is not None else None
+    if found is not None and found[0] is b.requests and found[1] == b.kv_capacity_tokens:
+        static = found[2]
+    else:
+        static = _static(b)
+        if cache is not None:
+            cache[b.id] = (b.requests, b.kv_capacity_tokens, static)
+    rows, started, per_token = static
+    queue = rows.copy()
+    queue[:, 5] = np.maximum(0.0, now - started) / per_token
     fresh = b.stats_age <= stale_after
     batch = min(b.running, running_cap) if fresh else running_cap
-    return ExpertSnapshot(b.kv_usage, queued[:batch], queued[batch:])
-
-
-def _req(r: QueuedRequest, latency_req: float) -> list[float]:
-    return [
-        r.prompt_tokens / 1000.0,
-        r.pred_score,
-        r.pred_length / MAX_TOKENS,
-        r.memory_share,
-        r.generated / MAX_TOKENS,
-        min(5.0, r.latency_per_token / latency_req),
-    ]
+    return ExpertSnapshot(b.kv_usage, queue, min(batch, len(queue)))
 
 
 def encode(
@@ -110,18 +120,20 @@ def encode(
     for i, e in enumerate(experts):
         ex[i] = (
             e.memory,
-            len(e.running) / e.running_cap,
-            len(e.waiting) / e.waiting_cap,
+            e.running / e.running_cap,
+            e.waiting / e.waiting_cap,
             preds[i][0],
             preds[i][1] / MAX_TOKENS,
         )
         ex_mask[i] = 1.0
-        for k, r in enumerate(list(e.running)[:queue_cap]):
-            run[i, k] = _req(r, latency_req)
-            run_mask[i, k] = 1.0
-        for k, r in enumerate(list(e.waiting)[:queue_cap]):
-            wait[i, k] = _req(r, latency_req)
-            wait_mask[i, k] = 1.0
+        r = min(e.running, queue_cap)
+        w = min(e.waiting, queue_cap)
+        rows = e.queue.copy()
+        rows[:, 5] = np.minimum(5.0, rows[:, 5] / latency_req)  # in multiples of L
+        run[i, :r] = rows[:r]
+        wait[i, :w] = rows[e.running : e.running + w]
+        run_mask[i, :r] = 1.0
+        wait_mask[i, :w] = 1.0
     return {
         "arrived": arrived,
         "experts": ex,

@@ -159,7 +159,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     reference = eval_score(eval_env, cfg, shortest_queue)
     if resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(cfg):
+        if {**state["config"], "steps": cfg.steps} != asdict(cfg):  # more steps: carry on
             raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
         sac.load_state_dict(state["sac"])
         replay.load_state_dict(state["replay"])

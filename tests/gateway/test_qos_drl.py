@@ -93,6 +93,43 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
     assert sample(metrics, "edgeroute_qos_token_latency_seconds_count") == 1
 
 
+def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    """Nothing of a non-streamed answer reaches the gateway before it ends: its
+    progress comes from the engine's generation counter, shared among its requests."""
+    url, gw = start(start_worker, start_gateway, models["route"])
+    answers: list[int] = []
+
+    def whole() -> None:
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": MODEL,
+                "max_tokens": 300,
+                "messages": [{"role": "user", "content": "Write a long story."}],
+            },
+        )
+        assert r.status_code == 200
+        answers.append(r.json()["usage"]["completion_tokens"])
+
+    threads = [threading.Thread(target=whole) for _ in range(3)]
+    for t in threads:
+        t.start()
+    seen: list[int] = []
+
+    def progressing() -> bool:
+        seen[:] = [r.generated for b in gw.pool.view.backends for r in b.requests]
+        return any(g > 2 for g in seen)
+
+    wait_until(progressing, timeout=30)
+    for t in threads:
+        t.join(60)
+    assert len(answers) == 3
+    assert max(seen) <= max(answers)  # an estimate, never more than the engine made
+
+
 def test_the_drop_action_sheds_with_503_and_retry_after(
     start_worker: Start, start_gateway: Start, models: dict[str, Path]
 ) -> None:

@@ -3,6 +3,8 @@ predictions the served predictor really makes and prompts no model trained on.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnxruntime as ort
 
@@ -18,7 +20,7 @@ from edgeroute.sim.edge import (
     prompt_share,
 )
 from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
-from policies.qos_state import INPUTS, snapshot
+from policies.qos_state import INPUTS, FeatureCache, snapshot
 from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
 from tests.support import DATA_DIR, needs_data
 
@@ -89,8 +91,25 @@ def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None
     reqs = tuple(InflightRequest(100, float(t), 5) for t in range(7))
     b = BackendView(id="a", running=2, waiting=5, stats_age=0.5, requests=reqs)
     snap = snapshot(b, now=10.0, stale_after=5.0)
-    assert (len(snap.running), len(snap.waiting)) == (2, 5)
-    assert [r.latency_per_token for r in snap.running] == [2.0, 1.8]  # the oldest two
+    assert (snap.running, snap.waiting) == (2, 5)
+    assert snap.queue[: snap.running, 5].tolist() == [2.0, 1.8]  # the oldest two
     unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
     stale = snapshot(unknown, now=10.0, stale_after=5.0)
-    assert (len(stale.running), len(stale.waiting)) == (5, 2)  # no figures: cut at the batch
+    assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at the batch
+
+
+def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:
+    """Rows are kept per backend while its view is the same; their latency still moves
+    with the clock, and a rebuilt view (new progress) replaces them."""
+    reqs = tuple(InflightRequest(100, float(t), 5) for t in range(3))
+    b = BackendView(id="a", running=3, stats_age=0.0, requests=reqs)
+    cache: FeatureCache = {}
+    first = snapshot(b, now=10.0, stale_after=5.0, cache=cache)
+    later = snapshot(b, now=20.0, stale_after=5.0, cache=cache)
+    assert later.queue[0, 5] == 4.0 and first.queue[0, 5] == 2.0
+    moved = replace(b, requests=tuple(InflightRequest(100, float(t), 10) for t in range(3)))
+    assert snapshot(moved, now=20.0, stale_after=5.0, cache=cache).queue[0, 4] == 10 / 300
+    assert np.array_equal(
+        snapshot(moved, now=20.0, stale_after=5.0).queue,
+        snapshot(moved, now=20.0, stale_after=5.0, cache=cache).queue,
+    )

@@ -8,16 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from edgeroute.qos.config import TrainConfig
 from edgeroute.qos.export import example, export_actor, parity
 from edgeroute.qos.model import QoSNet
-from edgeroute.qos.train import TrainConfig, train
+from edgeroute.qos.train import train
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
 
 def logits(net: QoSNet, obs: dict[str, np.ndarray]) -> np.ndarray:
     with torch.no_grad():
-        return net(*(torch.from_numpy(obs[k]) for k in INPUTS)).numpy()
+        out: np.ndarray = net(*(torch.from_numpy(obs[k]) for k in INPUTS)).numpy()
+    return out
 
 
 @pytest.mark.parametrize("encoder", ["han", "experts"])
@@ -58,14 +60,56 @@ def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str)
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
 
 
+def tiny(**kw: object) -> TrainConfig:
+    return TrainConfig(
+        **{"steps": 256, "warmup": 64, "envs": 4, "eval_every": 128, "eval_episodes": 1, **kw}  # type: ignore[arg-type]
+    )
+
+
 @needs_data("the quality data")
 def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path) -> None:
-    result = train(
-        TrainConfig(steps=240, warmup=60, eval_every=120, eval_seeds=(7,), threads=1),
-        DATA_DIR,
-        tmp_path,
-    )
+    result = train(tiny(), DATA_DIR, tmp_path)
     assert (tmp_path / "actor.onnx").exists() and (tmp_path / "best_actor.pt").exists()
     assert result["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
     history = result["history"]
-    assert len(history) == 2 and all(np.isfinite(h["loss_q"]) for h in history)  # type: ignore[index, union-attr]
+    assert isinstance(history, list) and len(history) == 2
+    assert all(np.isfinite(h["loss_q"]) for h in history)
+
+
+@needs_data("the quality data")
+def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """The first run stops at 128 steps; the second, asked for 256, carries on from
+    its checkpoint (learner, optimisers, replay and history) instead of starting over."""
+    train(tiny(steps=128), DATA_DIR, tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 128 and len(ckpt["replay"]["action"]) > 0
+    result = train(tiny(steps=256), DATA_DIR, tmp_path)
+    assert [h["step"] for h in result["history"]] == [128, 256]  # type: ignore[union-attr, index]
+    with pytest.raises(SystemExit, match="another config"):
+        train(tiny(steps=384, lr=1e-3), DATA_DIR, tmp_path)  # not the same run
+
+
+@needs_data("the quality data")
+def test_a_decision_is_credited_with_its_own_requests_qos(tmp_path: Path) -> None:
+    """Per-request credit: a routed request's transition waits for it to finish and
+    then carries its QoS less the impact penalty; a drop is stored at once at 0."""
+    from edgeroute.qos.sac import Replay
+    from edgeroute.qos.train import Pending, make_env
+
+    env = make_env(tiny(), DATA_DIR)
+    obs = env.observe()
+    replay = Replay(64, obs)
+    pending = Pending(replay)
+    env.step(0)
+    pending.add(env, obs, 0, env.observe(), False)
+    assert replay.size == 1 and replay.reward[0] == 0.0
+    env.step(1)
+    routed = env.last_request
+    assert routed is not None
+    pending.add(env, obs, 1, env.observe(), False)
+    pending.settle(env)
+    assert replay.size == 1  # still generating
+    env.drain()
+    pending.settle(env)
+    assert replay.size == 2 and not pending.waiting
+    assert replay.reward[1] == pytest.approx(env.qos(routed) - env.last_penalty)
