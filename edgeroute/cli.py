@@ -247,6 +247,12 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
     train(cfg, data_dir, Path(args.out), resume=not args.restart)
 
 
+def cmd_qos_card(args: argparse.Namespace) -> None:
+    from edgeroute.qos.card import write_card
+
+    write_card(Path(args.model_dir), Path(args.data_dir) if args.data_dir else default_data_dir())
+
+
 def cmd_train_moe_lm(args: argparse.Namespace) -> None:
     import json
 
@@ -459,6 +465,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--out", default="models/qos", help="where the model and its record go")
     q.set_defaults(func=cmd_train_qos)
+
+    qc = which.add_parser(
+        "qos-card",
+        help="write the QoS router's model card and learning curves from its runs",
+        formatter_class=DefaultsHelp,
+    )
+    qc.add_argument("--model-dir", default="models/qos", help="the model and its runs/")
+    qc.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    qc.set_defaults(func=cmd_qos_card)
 
     pr = which.add_parser(
         "predictors",

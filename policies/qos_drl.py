@@ -61,12 +61,12 @@ class ScorePredictor:
         return 0
 
     def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
-        """(score, length) bucket midpoints of `prompt` on each expert index."""
-        ids = np.repeat(hashed_ids(prompt)[None], len(experts), axis=0)
-        score, length = self._session.run(
-            None, {"ids": ids, "expert": np.asarray(experts, np.int64)}
-        )
-        sb, lb = score.argmax(-1), length.argmax(-1)
+        """(score, length) bucket midpoints of `prompt` on each expert index: one run
+        for the request, one row per distinct expert (backends often share a model)."""
+        distinct, where = np.unique(np.asarray(experts, np.int64), return_inverse=True)
+        ids = np.repeat(hashed_ids(prompt)[None], len(distinct), axis=0)
+        score, length = self._session.run(None, {"ids": ids, "expert": distinct})
+        sb, lb = score.argmax(-1)[where], length.argmax(-1)[where]
         return [
             ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)
             for s, b in zip(sb.tolist(), lb.tolist(), strict=True)

@@ -103,14 +103,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--model",
         action="append",
         default=[],
-        metavar="NAME=DIR",
-        help="a trained agent's directory (with actor.onnx), repeatable",
+        metavar="NAME=DIR[,DIR...]",
+        help="an agent's training runs (folders with actor.onnx), repeatable; "
+        "default: every run in models/qos/runs",
     )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
     q.add_argument(
         "--live",
         action="store_true",
-        help="also compare through the real gateway with 6 emulated workers",
+        help="instead, compare through the real gateway with 6 emulated workers",
+    )
+    q.add_argument(
+        "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
@@ -273,7 +277,13 @@ def _qos(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos import main
 
     models = dict(m.split("=", 1) for m in a.model)
-    main(a.quick, a.seed, a.json, {k: Path(v) for k, v in models.items()}, a.trace, a.live)
+    runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
+    if a.live:
+        from edgeroute.bench.qos_live import main as live
+
+        live(a.quick, a.seed, a.json, runs, a.requests)
+        return
+    main(a.quick, a.seed, a.json, runs, a.trace)
 
 
 def _growth(a: argparse.Namespace) -> None:

@@ -13,12 +13,16 @@ import random
 import statistics
 import time
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeroute.results_io import Plot, write
 from oracle.topology import Topology
 from policies import PRESETS, BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
 from policies.text import block_hashes, stable_hash
+from policies.types import InflightRequest
+
+if TYPE_CHECKING:
+    from policies.qos_drl import QoSDRL
 
 
 def make_view(
@@ -96,6 +100,50 @@ def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, 
     }
 
 
+def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None) -> dict[str, Any]:
+    """`qos_drl` on N experts with full queues (5 running + 5 waiting each): the
+    predictor, the features and the actor, as on the request path."""
+    from policies.qos_drl import QoSDRL
+
+    policy = policy or QoSDRL()
+    reqs = tuple(InflightRequest(200, 0.0, 40, 0.5, 150.0) for _ in range(10))
+    view = ClusterView(
+        tuple(
+            BackendView(
+                id=f"e{i}",
+                models=frozenset({"m"}),
+                running=5,
+                waiting=5,
+                kv_usage=0.6,
+                kv_capacity_tokens=4096,
+                stats_age=0.0,
+                inflight=10,
+                requests=reqs,
+            )
+            for i in range(n)
+        )
+    )
+    req = RequestInfo("m", 300, prompt="Write a function that sorts a list.", now=1.0)
+    means: list[float] = []
+    samples: list[float] = []
+    for _ in range(runs):
+        samples = []
+        t_run = time.perf_counter()
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            policy.decide(req, view)
+            samples.append(time.perf_counter() - t0)
+        means.append((time.perf_counter() - t_run) / calls)
+    samples.sort()
+    return {
+        "policy": "qos_drl (full queues)",
+        "backends": n,
+        "decision_us_mean": statistics.median(means) * 1e6,
+        "decision_us_p50": samples[len(samples) // 2] * 1e6,
+        "decision_us_p99": samples[int(len(samples) * 0.99)] * 1e6,
+    }
+
+
 def main(quick: bool, seed: int, json_path: str | None) -> None:
     sizes = (8, 64, 512)
     calls, runs = (300, 3) if quick else (3000, 5)
@@ -105,6 +153,14 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
             row = measure(policy, n, calls if n < 512 else calls // 3, runs, seed)
             rows.append(row)
             print(f"  {policy:<17} {n:>4} backends: {row['decision_us_mean']:8.1f} us", flush=True)
+    for n in (6, 12):  # the QoS paper's sizes; the actor reads every in-flight request
+        row = measure_qos_drl(n, calls, runs)
+        rows.append(row)
+        print(
+            f"  {'qos_drl':<17} {n:>4} backends: {row['decision_us_mean']:8.1f} us "
+            f"(p99 {row['decision_us_p99']:.0f})",
+            flush=True,
+        )
     write(
         "policies",
         {
@@ -127,5 +183,7 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
             log_y=True,
         ),
         notes="Pure Python, one core. The request carries a 2,000-token prompt (31 blocks "
-        "of 64 tokens); 30% of backends hold a random-length prefix of it.",
+        "of 64 tokens); 30% of backends hold a random-length prefix of it. `qos_drl` "
+        "(onnxruntime, one thread) decides over 6 and 12 experts, each with 5 running "
+        "and 5 waiting requests, features and predictor included.",
     )

@@ -11,6 +11,7 @@ client in emulated seconds; a shed request (503) scores 0.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from edgeroute.bench.stats import shown
+from edgeroute.results_io import write
 from edgeroute.sim.edge import load_tasks
 from gateway.app import create_app
 from gateway.serving import Listener, make_server
@@ -98,32 +101,89 @@ async def run_policy(
         "qos": statistics.fmean(s * (lat <= latency) for s, lat, _ in results),
         "latency_ms": statistics.fmean(lat for _, lat, _ in served) * 1e3 if served else None,
         "drop_rate": sum(r[2] for r in results) / len(results),
+        "met_share": sum(lat <= latency for _, lat, _ in results) / len(results),
         "requests": len(results),
     }
 
 
-def live(
-    models: dict[str, Path],
-    data_dir: Path,
-    requests: int = 200,
+def main(
+    quick: bool,
+    seed: int,
+    json_path: str | None,
+    models: dict[str, list[Path]],
+    requests: int = 1000,
     rate: float = 5.0,
     speedup: float = 10.0,
     latency_ms: float = 30.0,
-    seed: int = 1,
-) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    prompts = [rng.choice(load_tasks(data_dir, split="eval")).prompt for _ in range(requests)]
-    gaps = [rng.expovariate(rate) for _ in range(requests)]
-    specs: dict[str, dict[str, Any]] = {
-        "RR": {"policy": "round_robin"},
-        "SQF": {"policy": "least_load"},
-    }
-    specs.update({name: {"policy": "qos_drl", "model": str(path)} for name, path in models.items()})
-    rows = []
-    for i, (name, spec) in enumerate(specs.items()):
-        r = asyncio.run(
-            run_policy(spec, prompts, gaps, speedup, latency_ms / 1000, data_dir, 18800 + 20 * i)
+) -> None:
+    """RR, least-load (the engines' own queues: SQF) and each agent, on the same
+    prompts and instants per seed; an agent's k-th training run serves seed k."""
+    from edgeroute.bench.qos import trained_runs
+    from workers.quality import default_data_dir
+
+    data_dir = default_data_dir()
+    models = models or trained_runs()
+    seeds = [seed + i for i in range(1 if quick else 3)]
+    requests = min(requests, 100) if quick else requests
+    pool = load_tasks(data_dir, split="eval")
+    rows: list[dict[str, Any]] = []
+    for k, one_seed in enumerate(seeds):
+        rng = random.Random(one_seed)
+        prompts = [rng.choice(pool).prompt for _ in range(requests)]
+        gaps = [rng.expovariate(rate) for _ in range(requests)]
+        specs: dict[str, dict[str, Any]] = {
+            "RR": {"policy": "round_robin"},
+            "least_load": {"policy": "least_load"},
+        }
+        for name, runs in models.items():
+            specs[name] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+        for i, (name, spec) in enumerate(specs.items()):
+            r = asyncio.run(
+                run_policy(
+                    spec, prompts, gaps, speedup, latency_ms / 1000, data_dir, 18800 + 20 * i
+                )
+            )
+            rows.append({"seed": one_seed, "policy": name, **r})
+            print(
+                f"  seed {one_seed} {name:<10} QoS {r['qos']:.3f}  met L {r['met_share']:.1%}  "
+                f"drops {r['drop_rate']:.1%}",
+                flush=True,
+            )
+    summary = []
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        summary.append(
+            {
+                "policy": name,
+                "qos_ci": shown([r["qos"] for r in mine]),
+                "met_share_ci": shown([r["met_share"] for r in mine]),
+                "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
+                "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
+                "requests": sum(r["requests"] for r in mine),
+            }
         )
-        rows.append({"setting": "live gateway", "policy": name, **r})
-        print(f"  live {name:<10} QoS {r['qos']:.3f}  drops {r['drop_rate']:.1%}", flush=True)
-    return rows
+    write(
+        "qos_live",
+        {
+            "command": "edgeroute bench qos --live" + (" --quick" if quick else ""),
+            "seeds": seeds,
+            "requests_per_seed": requests,
+            "rate": rate,
+            "speedup": speedup,
+            "latency_ms": latency_ms,
+            "models": {k: [str(d) for d in v] for k, v in models.items()},
+        },
+        summary,
+        ["policy", "qos_ci", "met_share_ci", "drop_rate", "latency_ms", "requests"],
+        json_path,
+        notes=(
+            f"Through the gateway: six emulated workers (the six open RouterBench models, "
+            f"time-scaled x{speedup:g}), {requests} evaluation-split MBPP prompts per seed "
+            f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
+            f"{latency_ms:g} ms. QoS per request is the worker's reported score times "
+            "[latency per token <= L], latency measured by the client; a shed request "
+            "scores 0. `met_share`: requests answered within L. Intervals are over the "
+            "seeds; an agent's k-th training run serves seed k."
+        ),
+        quick=quick,
+    )

@@ -1,73 +1,197 @@
-"""Write models/qos/MODEL_CARD.md from a training record and the benchmark results."""
+"""`edgeroute train qos-card`: the QoS router's model card and learning curves, written
+from the training runs' records (`models/qos/runs/*/training.json`) and the benchmark
+results (`bench/results/qos.json`, `qos_live.json`), so that it states only what those
+runs measured."""
 
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
+from edgeroute.results_io import RESULTS, save_figure
+from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
 
-def write_card(
-    model_dir: Path,
-    training: dict[str, Any],
-    bench: dict[str, Any] | None,
-    variant_dirs: dict[str, str],
-) -> None:
-    cfg = training["config"]
+TRAINING_CODE = ("edgeroute/qos", "edgeroute/sim/edge.py", "policies/qos_state.py")
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _commit(root: Path) -> str:
+    """The last commit that changed the training code."""
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%h %s", "--", *TRAINING_CODE],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()[:100] or "unknown"
+
+
+def runs_of(runs_dir: Path) -> dict[str, dict[str, Any]]:
+    found = {}
+    for record in sorted(runs_dir.glob("*/training.json")):
+        data = _json(record)
+        if data is not None:
+            found[record.parent.name] = data
+    return found
+
+
+def plateau(history: list[dict[str, Any]]) -> float:
+    """Mean eval QoS of the last third of the evaluations less that of the middle
+    third: near 0 once the curve has flattened."""
+    q = [h["qos"] for h in history]
+    k = max(1, len(q) // 3)
+    return statistics.fmean(q[-k:]) - statistics.fmean(q[-2 * k : -k] or q[:k])
+
+
+def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colours = {"full": "tab:blue", "dsa": "tab:orange", "baseline": "tab:green"}
+    for run in runs.values():
+        variant = run["config"]["variant"]
+        steps = [h["step"] for h in run["history"]]
+        ax.plot(steps, [h["qos"] for h in run["history"]], color=colours.get(variant), lw=1)
+    sqf = [run["sqf_eval_qos"] for run in runs.values()]
+    if sqf:
+        ax.axhline(statistics.fmean(sqf), color="k", ls="--", lw=1, label="SQF")
+    for variant, colour in colours.items():
+        ax.plot([], [], color=colour, label=variant)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("eval QoS (training hardware and prompts)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, out)
+
+
+def write_card(model_dir: Path, data_dir: Path) -> Path:
+    root = model_dir.resolve().parent.parent
+    runs = runs_of(model_dir / "runs")
+    if not runs:
+        raise SystemExit(f"no training records in {model_dir / 'runs'}")
+    full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
+    shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
+    cfg = runs[shipped]["config"]
+    plot_curves(runs, RESULTS / "qos_training.png")
+    splits = {s: len(load_tasks(data_dir, split=s)) for s in ("predictor", "agent", "eval")}
     lines = [
         "# QoS-DRL router: model card",
         "",
-        "- Files: `actor.onnx` (HAN encoder + actor head, one graph, inputs as in "
-        "`policies/qos_state.py`), `predictor.onnx` + `predictor.json` (score and length "
-        "buckets, hashed bag of words).",
-        f"- Variant: `{cfg['variant']}`; seed {cfg['seed']}; {cfg['steps']} environment steps "
-        f"(one decision each), SAC update every {cfg['update_every']} steps, learning rate "
-        f"{cfg['lr']}, target entropy {cfg['target_entropy_ratio']} x log(actions).",
-        f"- Command: `edgeroute train qos --variant {cfg['variant']} --steps {cfg['steps']} "
-        f"--eval-every {cfg['eval_every']} --seed {cfg['seed']}` "
-        f"({training['seconds']:.0f} s on 2 CPU cores).",
-        f"- Environment: `sim/edge.py`, N={cfg['experts']} experts (RouterBench models on "
-        f"drawn edge hardware), Poisson lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms, "
-        "free-form tasks (MBPP) of `shared/data/router_quality/` (RouterBench 0-shot via "
-        "RouterDC; research-use data, see that folder's README).",
-        f"- Best evaluation (seeds {cfg['eval_seeds']}): average QoS "
-        f"{training['best_eval_qos']:.3f}; ONNX parity max |diff| "
-        f"{training['onnx_parity_max_abs']:.1e}.",
-        "- Baselines on the same evaluation: "
-        + ", ".join(f"{k} {v['qos']:.3f}" for k, v in training["baselines"].items())
-        + ".",
+        "Written by `edgeroute train qos-card` from the training records in `runs/` and the",
+        "benchmark results; figures are those runs' own.",
         "",
-        "## Training curve",
+        "## Files",
         "",
-        "| step | eval QoS | latency (ms) | drops |",
-        "|---|---|---|---|",
+        f"- `actor.onnx`: the actor of `runs/{shipped}` (the `full` run with the best",
+        "  evaluation on training hardware), HAN encoder and pointer head as one graph;",
+        "  inputs as in `policies/qos_state.py`, output logits over {drop, expert 1..N}.",
+        "- `runs/<variant>-s<seed>/`: every training run's actor and record:",
+        "  `full` (HAN + eq. 16's reward), `dsa` (HAN + completion reward) and `baseline`",
+        "  (Baseline RL: expert-level features + completion reward), same budget and seeds.",
+        "- `predictor.onnx`, `predictor.json`: the score and length predictor.",
+        "",
+        "## How it was trained",
+        "",
+        f"- Training code at commit `{_commit(root)}`.",
+        "- Each run: `edgeroute train qos --variant V --seed S --steps "
+        f"{cfg['steps']} --out models/qos/runs/V-sS` (the other settings are the defaults",
+        "  of `edgeroute/qos/config.py`); then `cp models/qos/runs/"
+        f"{shipped}/actor.onnx models/qos/` and `edgeroute train qos-card`.",
+        f"- Config: {', '.join(f'{k}={v}' for k, v in cfg.items() if k not in ('variant', 'seed'))}.",
+        f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
+        f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1}"
+        + (
+            ", lambda in [3, 8]/s and L in [20, 40] ms."
+            if cfg.get("randomise")
+            else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
+        ),
+        f"- Prompts (MBPP of `router_quality/`, split by a hash of the prompt): predictor "
+        f"{splits['predictor']}, agent {splits['agent']}, evaluation {splits['eval']}. "
+        "Predictions in training are the served predictor's outputs.",
+        "- Checkpoints are chosen on 4 episodes of the default setting (lambda=5, L=30 ms) "
+        f"on training hardware and agent prompts; evaluation uses hardware seed 0 and "
+        f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]} and the evaluation prompts.",
+        "",
+        "## Runs",
+        "",
+        "| run | steps | minutes | steps/s | best eval QoS | SQF, same eval | last-third "
+        "minus middle-third | ONNX parity |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {h['step']} | {h['qos']:.3f} | {h['latency_ms']:.1f} | {h['drop_rate']:.1%} |"
-        for h in training["history"]
-    ]
+    for name, run in runs.items():
+        lines.append(
+            f"| {name} | {run['history'][-1]['step']} | {run['seconds'] / 60:.1f} | "
+            f"{run.get('steps_per_second', 0):.0f} | {run['best_eval_qos']:.3f} | "
+            f"{run['sqf_eval_qos']:.3f} | {plateau(run['history']):+.3f} | "
+            f"{run['onnx_parity_max_abs']:.1e} |"
+        )
+    lines += ["", "Learning curves: `edgeroute/bench/results/qos_training.png`.", ""]
+    bench = _json(RESULTS / "qos.json")
     if bench:
         lines += [
+            "## Evaluation (`edgeroute bench qos`, held-out prompts and hardware)",
             "",
-            "## `edgeroute bench qos` (default setting)",
+            "| setting | agent | agent QoS | best heuristic | its QoS | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        rows = bench["results"]
+        for setting in dict.fromkeys(r["setting"] for r in rows):
+            here = [r for r in rows if r["setting"] == setting]
+            best = max((r for r in here if not r.get("agent")), key=lambda r: r["qos"])
+            for r in here:
+                if r.get("agent"):
+                    lines.append(
+                        f"| {setting} | {r['policy']} | {r['qos_ci']} | {best['policy']} | "
+                        f"{best['qos_ci']} | {r.get('against_best', '')} |"
+                    )
+        lines.append("")
+    live = _json(RESULTS / "qos_live.json")
+    if live:
+        lines += [
+            "## Live, through the gateway (`edgeroute bench qos --live`)",
             "",
-            "| policy | QoS | latency (ms) | drops |",
-            "|---|---|---|---|",
+            "| policy | QoS | met L | drops | requests |",
+            "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['policy']} | {r['qos']:.3f} | {r['latency_ms']:.1f} | {r['drop_rate']:.1%} |"
-            for r in bench["results"]
-            if r["setting"] == "default"
+            f"| {r['policy']} | {r['qos_ci']} | {r['met_share_ci']} | {r['drop_rate']:.1%} | "
+            f"{r['requests']} |"
+            for r in live["results"]
         ]
+        lines.append("")
+    pred = _json(model_dir / "predictor.json")
+    if pred:
         lines += [
+            "## The predictor",
             "",
-            "Other variants evaluated: "
-            + ", ".join(f"{k} ({v})" for k, v in variant_dirs.items())
-            + ".",
+            f"- `{pred['encoder']}` encoder; trained on {pred['train']} samples, tested on "
+            f"{pred['test']} (prompts of the predictor split only are trained on).",
+            f"- Score top-1 {pred['score_top1']:.3f} (majority bucket "
+            f"{pred['majority_score_top1']:.3f}); length top-1 {pred['length_top1']:.3f} "
+            f"(majority {pred['majority_length_top1']:.3f}), top-3 {pred['length_top3']:.3f}.",
+            "- RouterBench's MBPP scores are 0/1, so the score head has little to learn;",
+            "  see docs/research.md for what this means for the router.",
+            "",
         ]
-    (model_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
-
-
-def load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+    path = model_dir / "MODEL_CARD.md"
+    path.write_text("\n".join(lines))
+    print(f"wrote {path}")
+    return path
