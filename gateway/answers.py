@@ -141,6 +141,8 @@ class Answers:
         b = up.backend
         elapsed = time.perf_counter() - t0
         self.pool.finished(b, up.entry)
+        if status == "200":
+            self.pool.finished_tokens(b, elapsed, tokens)
         series(self.metrics.requests, model, b.id, status).inc()
         series(self.metrics.e2e, model, b.id).observe(elapsed)
         if tokens:

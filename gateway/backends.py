@@ -18,6 +18,7 @@ from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
 from gateway.upstream import Attempt
 from oracle.topology import Topology
+from policies.qos_state import token_latency_mix
 from policies.text import stable_hash
 from policies.types import BackendView, ClusterView, InflightRequest
 
@@ -65,6 +66,7 @@ class Backend:
     models: frozenset[str] = frozenset()
     stats: EngineStats = field(default_factory=EngineStats)
     inflight: int = 0  # this replica's requests on it
+    token_latency: float = 0.0  # see `finished_tokens`
     remote_inflight: int = 0  # other replicas' requests, from the shared store
     prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
     requests: dict[int, InflightEntry] = field(default_factory=dict)
@@ -192,6 +194,7 @@ class BackendPool:
             kv_bytes_per_token=b.config.profile.kv_bytes_per_token,
             requests=self._requests_of(b),
             hosted_experts=self._hosted.get(b.id, frozenset()),
+            token_latency=b.token_latency,
         )
 
     def _requests_of(self, b: Backend) -> tuple[InflightRequest, ...]:
@@ -265,6 +268,14 @@ class BackendPool:
                 prefix.move_to_end(h)
             while len(prefix) > self._prefix_entries:
                 prefix.popitem(last=False)
+        self._dirty.add(b)
+
+    def finished_tokens(self, b: Backend, seconds: float, tokens: int) -> None:
+        """A request answered `tokens` tokens in `seconds`, end to end: the backend's
+        seconds per token, a moving average over its recent requests."""
+        if tokens <= 0 or seconds < 0:
+            return
+        b.token_latency = token_latency_mix(b.token_latency, seconds / tokens)
         self._dirty.add(b)
 
     def engine_generated(self, b: Backend, tokens: float) -> None:

@@ -8,10 +8,12 @@ One snapshot builder (`snapshot`, from a backend's view) and one encoder, for tr
   expert's memory, tokens generated so far, latency per token so far (/ L);
 - expert (eq. 10): memory use, running and waiting counts (/ capacity), and the arrived
   request's predicted score and length on this expert (the arrived node is linked to
-  every expert; its expert-specific predictions live on that link's expert end);
+  every expert; its expert-specific predictions live on that link's expert end); and,
+  beyond the paper, its measured seconds per token over recent requests (/ L), which
+  tells hardware apart before its queue does;
 - arrived (eq. 9): prompt tokens and its mean predictions.
 
-Shapes: arrived [6], experts [N, 5], running [N, R, 6], waiting [N, W, 6], with masks.
+Shapes: arrived [6], experts [N, 6], running [N, R, 6], waiting [N, W, 6], with masks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from policies.types import BackendView
 
 MAX_TOKENS = 300.0
-F_REQ, F_EXPERT = 6, 5
+F_REQ, F_EXPERT = 6, 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class ExpertSnapshot:
     memory: float  # e_{n,t}
     queue: np.ndarray  # [k, F_REQ]
     running: int
+    token_latency: float = 0.0  # s per token of its recent requests (0: none yet)
     running_cap: int = 5
     waiting_cap: int = 5
 
@@ -48,6 +51,18 @@ class ExpertSnapshot:
 # rebuilds the same tuple comes back, and its rows need only their latency refreshed.
 _Static = tuple[np.ndarray, np.ndarray, np.ndarray]  # rows, started_at, max(1, generated)
 FeatureCache = dict[str, tuple[object, int, _Static]]
+
+
+TOKEN_LATENCY_WEIGHT = 0.2
+
+
+def token_latency_mix(average: float, latest: float) -> float:
+    """A backend's seconds per token over its recent requests (`BackendView.
+    token_latency`): the latest finished request weighs TOKEN_LATENCY_WEIGHT; an
+    average of 0 means none yet. The gateway and the simulator keep it alike."""
+    if average == 0:
+        return latest
+    return (1 - TOKEN_LATENCY_WEIGHT) * average + TOKEN_LATENCY_WEIGHT * latest
 
 
 def _static(b: BackendView) -> _Static:
@@ -89,7 +104,7 @@ def snapshot(
     queue[:, 5] = np.maximum(0.0, now - started) / per_token
     fresh = b.stats_age <= stale_after
     batch = min(b.running, running_cap) if fresh else running_cap
-    return ExpertSnapshot(b.kv_usage, queue, min(batch, len(queue)))
+    return ExpertSnapshot(b.kv_usage, queue, min(batch, len(queue)), b.token_latency)
 
 
 def encode(
@@ -124,6 +139,7 @@ def encode(
             e.waiting / e.waiting_cap,
             preds[i][0],
             preds[i][1] / MAX_TOKENS,
+            min(5.0, e.token_latency / latency_req),
         )
         ex_mask[i] = 1.0
         r = min(e.running, queue_cap)

@@ -97,6 +97,7 @@ class BackendView:
     iter_per_seq: float = 0.0005
     kv_bytes_per_token: float = 327_680.0
     expert: str | None = None  # the model it serves, for quality predictors
+    token_latency: float = 0.0  # s per token of its recently finished requests; 0: none yet
     requests: tuple[InflightRequest, ...] = ()
     hosted_experts: frozenset[tuple[int, int]] = frozenset()  # (layer, expert) it holds
 

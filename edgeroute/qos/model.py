@@ -148,12 +148,13 @@ class HANEncoder(nn.Module):
 
 
 class ExpertFeatureEncoder(nn.Module):
-    """Baseline RL's state: raw expert-level features (memory, running, waiting) only."""
+    """Baseline RL's state: expert-level features only (memory, running, waiting, and
+    the measured seconds per token the HAN state also has)."""
 
     def __init__(self, hidden: int = 64) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(3, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+            nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
         )
         self.hidden = hidden
 
@@ -167,7 +168,8 @@ class ExpertFeatureEncoder(nn.Module):
         running_mask: Tensor,
         waiting_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        exp = self.net(experts[..., :3]) * expert_mask.unsqueeze(-1)
+        level = torch.cat([experts[..., :3], experts[..., 5:6]], dim=-1)
+        exp = self.net(level) * expert_mask.unsqueeze(-1)
         arr = exp.sum(1) / expert_mask.sum(1, keepdim=True).clamp(min=1.0)
         return arr, exp
 

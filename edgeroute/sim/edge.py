@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from policies.qos_state import encode, snapshot
+from policies.qos_state import encode, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.quality import iter_samples
 
@@ -280,6 +280,7 @@ class ExpertState:
     waiting: deque[Req] = field(default_factory=deque)
     fresh: list[Req] = field(default_factory=list)  # admitted, prefill in this iteration
     clock: float = 0.0  # when the current iteration ends
+    token_latency: float = 0.0  # of finished requests, as the gateway measures it
 
     @property
     def used_tokens(self) -> int:
@@ -406,6 +407,7 @@ class EdgeEnv:
             r.generated += 1
             if r.generated >= r.length:
                 r.done_at = end
+                e.token_latency = token_latency_mix(e.token_latency, r.latency_per_token(end))
                 q = self.qos(r)
                 self._completed_qos += q
                 self.finished.append(r)
@@ -530,6 +532,7 @@ def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
                 stats_age=0.0,
                 inflight=len(queue),
                 max_batch=e.spec.running_cap,
+                token_latency=e.token_latency,
                 requests=tuple(
                     InflightRequest(
                         r.prompt_tokens, r.arrival, r.generated, r.pred_score, r.pred_length

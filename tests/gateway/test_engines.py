@@ -5,6 +5,8 @@ llama.cpp run is tests/test_real_engine.py, optional)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -87,3 +89,58 @@ def test_a_drained_backend_is_healthy_and_not_accepting(
     httpx.post(gw + "/admin/backends/w/drain", headers=TOKEN).raise_for_status()
     (got,) = httpx.get(gw + "/admin/backends", headers=TOKEN).json()["backends"]
     assert (got["healthy"], got["draining"], got["accepting"]) == (True, True, False)
+
+
+def test_a_whole_answers_progress_survives_an_engine_whose_counter_restarts(
+    servers: ServerThread, start_gateway: Start
+) -> None:
+    """The hostile twin of the progress estimate: an engine's generation counter that
+    goes back to near zero (a restart) credits nothing, and counting resumes from
+    there; the held request is never credited more than the engine made."""
+    counter = [1000.0]
+    release = threading.Event()
+
+    async def prometheus(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+            f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total {counter[0]}\n"
+        )
+
+    async def chat(request: Request) -> JSONResponse:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        usage = {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}
+        return JSONResponse({"id": "x", "object": "chat.completion", "choices": [], "usage": usage})
+
+    app = engine("")
+    app.router.routes[-1] = Route("/metrics", prometheus)
+    app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
+    url, _ = servers.serve(app)
+    gw_url, gw = start_gateway([{"url": url, "id": "e"}])
+    gw.pool.track_requests = True
+
+    def held() -> list[int]:
+        return [r.generated for b in gw.pool.view.backends for r in b.requests]
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    client = threading.Thread(
+        target=lambda: httpx.post(gw_url + "/v1/chat/completions", json=body, timeout=30)
+    )
+    client.start()
+    try:
+        wait_until(lambda: len(held()) == 1)
+        scraped = gw.pool.get("e").stats.scraped_at
+        wait_until(lambda: gw.pool.get("e").stats.scraped_at > scraped)
+        counter[0] = 1010.0
+        wait_until(lambda: held() == [10])
+        counter[0] = 3.0  # restarted
+        scraped = gw.pool.get("e").stats.scraped_at
+        wait_until(lambda: gw.pool.get("e").stats.scraped_at > scraped)
+        wait_until(lambda: gw.pool.get("e").stats.generated_total == 3.0)
+        assert held() == [10]
+        counter[0] = 7.0
+        wait_until(lambda: held() == [14])
+    finally:
+        release.set()
+        client.join(30)
+    wait_until(lambda: held() == [])

@@ -44,3 +44,20 @@ def test_an_engine_that_reports_no_running_requests_cannot_overcredit() -> None:
     assert backend is not None
     pool.engine_generated(backend, 9)
     assert a.generated + b.generated <= 9  # split over the requests we know of
+
+
+def test_a_backends_seconds_per_token_follow_its_finished_requests() -> None:
+    pool, _ = pool_with(running=1)
+    b = pool.get("a")
+    assert b is not None
+    pool.rebuild()
+    assert pool.view.backends[0].token_latency == 0.0  # nothing finished yet
+    pool.finished_tokens(b, 2.0, 100)
+    assert b.token_latency == 0.02  # the first request sets it
+    pool.finished_tokens(b, 6.0, 100)
+    assert b.token_latency == 0.8 * 0.02 + 0.2 * 0.06  # then a moving average
+    pool.finished_tokens(b, 5.0, 0)  # an answer without tokens says nothing of speed
+    pool.finished_tokens(b, -1.0, 10)  # nor does a clock that went backwards
+    assert b.token_latency == 0.8 * 0.02 + 0.2 * 0.06
+    pool.rebuild()
+    assert pool.view.backends[0].token_latency == b.token_latency

@@ -128,6 +128,8 @@ def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
         t.join(60)
     assert len(answers) == 3
     assert max(seen) <= max(answers)  # an estimate, never more than the engine made
+    # Finished requests tell the policy each backend's seconds per token.
+    wait_until(lambda: any(b.token_latency > 0 for b in gw.pool.view.backends))
 
 
 def test_the_drop_action_sheds_with_503_and_retry_after(

@@ -47,6 +47,10 @@ def test_a_lone_request_follows_the_iteration_model() -> None:
     want = 0.02 + sum(0.01 + 0.00001 * (100 + g) for g in range(1, 10))
     assert r.done_at - r.arrival == pytest.approx(want)
     assert r.latency_per_token(r.done_at) == pytest.approx(want / 10)
+    # The expert's measured seconds per token, as the gateway keeps it, and as the
+    # policy sees it (in multiples of L).
+    assert env.experts[0].token_latency == pytest.approx(want / 10)
+    assert env.observe()["experts"][0, 5] == pytest.approx(want / 10 / env.L)
 
 
 def test_qos_is_the_score_when_latency_meets_L_else_zero() -> None:
@@ -137,7 +141,7 @@ def test_observation_shapes_and_masks() -> None:
     for _ in range(7):
         env.step(1)
     obs = env.observe()
-    assert obs["experts"].shape == (1, 5) and obs["running"].shape == (1, 5, 6)
+    assert obs["experts"].shape == (1, 6) and obs["running"].shape == (1, 5, 6)
     assert obs["running_mask"].sum() == 5 and obs["waiting_mask"].sum() == 2
     assert obs["experts"][0, 1] == pytest.approx(1.0)
     assert obs["experts"][0, 2] == pytest.approx(0.4)
