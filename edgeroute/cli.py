@@ -239,6 +239,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         zero_predictions=args.zero_predictions,
         lr=args.lr,
         target_entropy_ratio=args.target_entropy,
+        init_alpha=args.init_alpha,
         hidden=args.hidden,
         heads=args.heads,
         layers=args.layers,
@@ -453,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=t.target_entropy_ratio,
         help="SAC's target entropy, as a share of log(actions)",
+    )
+    q.add_argument(
+        "--init-alpha", type=float, default=t.init_alpha, help="SAC's starting temperature"
     )
     q.add_argument("--hidden", type=int, default=t.hidden, help="HAN width")
     q.add_argument("--heads", type=int, default=t.heads, help="attention heads")

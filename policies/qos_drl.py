@@ -63,9 +63,12 @@ class ScorePredictor:
     def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
         """(score, length) bucket midpoints of `prompt` on each expert index: one run
         for the request, one row per distinct expert (backends often share a model)."""
-        distinct, where = np.unique(np.asarray(experts, np.int64), return_inverse=True)
-        ids = np.repeat(hashed_ids(prompt)[None], len(distinct), axis=0)
-        score, length = self._session.run(None, {"ids": ids, "expert": distinct})
+        row = {e: i for i, e in enumerate(dict.fromkeys(experts))}
+        ids = np.repeat(hashed_ids(prompt)[None], len(row), axis=0)
+        score, length = self._session.run(
+            None, {"ids": ids, "expert": np.fromiter(row, np.int64, len(row))}
+        )
+        where = [row[e] for e in experts]
         sb, lb = score.argmax(-1)[where], length.argmax(-1)[where]
         return [
             ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)

@@ -127,29 +127,33 @@ def encode(
         float(np.mean(lengths)) / MAX_TOKENS,
     )
     ex = np.zeros((n_max, F_EXPERT), np.float32)
-    run = np.zeros((n_max, queue_cap, F_REQ), np.float32)
-    wait = np.zeros((n_max, queue_cap, F_REQ), np.float32)
+    # Filled in float64 and scaled at once, then stored as float32 like the rest.
+    queues = np.zeros((2, n_max, queue_cap, F_REQ))  # running, waiting
+    masks = np.zeros((2, n_max, queue_cap), np.float32)
     ex_mask = np.zeros(n_max, np.float32)
-    run_mask = np.zeros((n_max, queue_cap), np.float32)
-    wait_mask = np.zeros((n_max, queue_cap), np.float32)
+    ex_mask[:n] = 1.0
+    if n:
+        ex[:n] = [
+            (
+                e.memory,
+                e.running / e.running_cap,
+                e.waiting / e.waiting_cap,
+                preds[i][0],
+                preds[i][1] / MAX_TOKENS,
+                min(5.0, e.token_latency / latency_req),
+            )
+            for i, e in enumerate(experts)
+        ]
     for i, e in enumerate(experts):
-        ex[i] = (
-            e.memory,
-            e.running / e.running_cap,
-            e.waiting / e.waiting_cap,
-            preds[i][0],
-            preds[i][1] / MAX_TOKENS,
-            min(5.0, e.token_latency / latency_req),
-        )
-        ex_mask[i] = 1.0
         r = min(e.running, queue_cap)
         w = min(e.waiting, queue_cap)
-        rows = e.queue.copy()
-        rows[:, 5] = np.minimum(5.0, rows[:, 5] / latency_req)  # in multiples of L
-        run[i, :r] = rows[:r]
-        wait[i, :w] = rows[e.running : e.running + w]
-        run_mask[i, :r] = 1.0
-        wait_mask[i, :w] = 1.0
+        queues[0, i, :r] = e.queue[:r]
+        queues[1, i, :w] = e.queue[e.running : e.running + w]
+        masks[0, i, :r] = 1.0
+        masks[1, i, :w] = 1.0
+    queues[..., 5] = np.minimum(5.0, queues[..., 5] / latency_req)  # in multiples of L
+    run, wait = queues.astype(np.float32)
+    run_mask, wait_mask = masks
     return {
         "arrived": arrived,
         "experts": ex,

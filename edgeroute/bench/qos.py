@@ -136,7 +136,7 @@ def main(
             flush=True,
         )
     latency = [
-        {"policy": name, **measure_qos_drl(n, *((300, 1) if quick else (2000, 3)), runs[0])}
+        {**measure_qos_drl(n, *((300, 1) if quick else (2000, 3)), runs[0]), "policy": name}
         for name, runs in agents.items()
         for n in (6, 12)
     ]

@@ -31,20 +31,23 @@ class NodeAttention(nn.Module):
         super().__init__()
         self.heads, self.d = heads, hidden // heads
         self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        # member[i, h] = 1 when feature i belongs to head h: sums per head and spreads
+        # a head's weight back over its features, with no reshape of the batch shape
+        # (which costs the exported graph a chain of shape operations per use).
+        member = torch.zeros(hidden, heads)
+        member[torch.arange(hidden), torch.arange(hidden) // self.d] = 1.0
+        self.member: Tensor
+        self.register_buffer("member", member, persistent=False)
 
     def forward(self, target: Tensor, neigh: Tensor, mask: Tensor) -> Tensor:
-        # target [..., H], neigh [..., K, H], mask [..., K]
-        shape = target.shape[:-1]
-        # Broadcast products rather than einsum: the matrices are tiny (K <= 12 keys of
-        # d <= 16), and batched matmul of tiny matrices costs more than it computes.
-        q = self.q(target).reshape(*shape, 1, self.heads, self.d)
-        k = self.k(neigh).reshape(*shape, -1, self.heads, self.d)
-        v = self.v(neigh).reshape(*shape, -1, self.heads, self.d)
+        # target [..., H], neigh [..., K, H], mask [..., K]; products broadcast rather
+        # than batched matmuls of tiny matrices (K <= 12 keys of d <= 16).
+        q = self.q(target).unsqueeze(-2)  # [..., 1, H]
         m = mask.unsqueeze(-1)  # [..., K, 1]
-        scores = (q * k).sum(-1) / self.d**0.5 + (1.0 - m) * NEG  # [..., K, heads]
-        attn = torch.softmax(scores, dim=-2) * m  # all-masked rows -> 0
-        out: Tensor = (attn.unsqueeze(-1) * v).sum(-3)  # [..., heads, d]
-        return out.reshape(*shape, self.heads * self.d)
+        scores = (q * self.k(neigh)) @ self.member / self.d**0.5 + (1.0 - m) * NEG
+        attn = torch.softmax(scores, dim=-2) * m  # [..., K, heads]; all-masked rows -> 0
+        out: Tensor = ((attn @ self.member.T) * self.v(neigh)).sum(-2)
+        return out
 
 
 class SemanticAttention(nn.Module):

@@ -44,6 +44,7 @@ from edgeroute.sim.edge import (
 from policies.qos_drl import ScorePredictor
 
 Obs = dict[str, np.ndarray]
+PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation and checkpoints")
 
 
 def make_env(
@@ -178,14 +179,20 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     started = time.time() - seconds
     last_log: dict[str, float] = {}
     next_eval = (step // cfg.eval_every + 1) * cfg.eval_every
+    spent = dict.fromkeys(PHASES, 0.0)  # where the time goes, this session
     while step < cfg.steps:
+        t0 = time.perf_counter()
         if step < cfg.warmup:
             actions = rng.integers(0, cfg.experts + 1, len(envs))
         else:
             actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
+        spent["acting"] += time.perf_counter() - t0
         for k, env in enumerate(envs):
+            t0 = time.perf_counter()
             r, done = env.step(int(actions[k]))
             nxt = env.observe()
+            t1 = time.perf_counter()
+            spent["simulator"] += t1 - t0
             if cfg.credit == "request":
                 pending[k].add(env, obs[k], int(actions[k]), nxt, done)
                 if done:
@@ -197,11 +204,15 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 new_episode(env, cfg, rng)
                 nxt = env.observe()
             obs[k] = nxt
+            spent["credit and replay"] += time.perf_counter() - t1
         before, step = step, step + len(envs)
+        t0 = time.perf_counter()
         if step > cfg.warmup:
             for _ in range(step // cfg.update_every - before // cfg.update_every):
                 last_log = sac.update(replay, rng)
+        spent["SAC updates"] += time.perf_counter() - t0
         if step >= next_eval or step >= cfg.steps:
+            t0 = time.perf_counter()
             next_eval += cfg.eval_every
             score = eval_score(eval_env, cfg, lambda e, i: sac.act(e.observe(), True, rng))
             elapsed = time.time() - started
@@ -224,6 +235,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 },
                 ckpt,
             )
+            spent["evaluation and checkpoints"] += time.perf_counter() - t0
             print(
                 f"step {step:>7}  {step / elapsed:6.0f} steps/s  eval QoS {score['qos']:.3f} "
                 f"(SQF {reference['qos']:.3f})  drops {score['drop_rate']:.1%}  "
@@ -234,6 +246,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     sac.actor.load_state_dict(torch.load(out / "best_actor.pt"))
     export_actor(sac.actor, out / "actor.onnx")
     diff = parity(sac.actor, out / "actor.onnx")
+    shares = {k: round(v / max(1e-9, sum(spent.values())), 3) for k, v in spent.items()}
     result = {
         "config": asdict(cfg),
         "best_eval_qos": best,
@@ -242,8 +255,10 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         "history": history,
         "seconds": round(time.time() - started, 1),
         "steps_per_second": round(step / (time.time() - started), 1),
+        "time_share": shares,
     }
     (out / "training.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print(
         f"best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); ONNX parity max |diff| "
         f"{diff:.2e}; exported {out / 'actor.onnx'}"
