@@ -45,7 +45,7 @@ import tempfile
 import time
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +272,15 @@ def router_command(
         "--prometheus-port",
         prometheus,
     ]
+
+
+def gateway_clock(spec: Any, tpot_slo: float, speedup: float) -> Any:
+    """A routing spec for a time-scaled run: the gateway lives in real time, where
+    every latency is `speedup` times shorter than the emulated one, so `qos_drl`'s
+    target L (s per token) shrinks with it."""
+    if isinstance(spec, dict) and spec.get("policy") == "qos_drl":
+        return {**spec, "latency_ms": tpot_slo * 1000 / speedup}
+    return spec
 
 
 @contextmanager
@@ -537,6 +546,8 @@ def run_one(
 ) -> Run:
     reqs = arrivals(trace, load * capacity, s.seconds, seed)
     kind = s.workers
+    if router.kind == "edgeroute":
+        router = replace(router, policy=gateway_clock(router.policy, s.tpot_slo, s.speedup))
     with (
         workers(kind, s.speedup, s.data_dir, seed) as urls,
         running(router, kind, urls) as (url, pid),

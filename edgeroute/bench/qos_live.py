@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.stats import shown
 from edgeroute.results_io import write
 from edgeroute.sim.edge import load_tasks
@@ -136,7 +137,8 @@ def main(
             "least_load": {"policy": "least_load"},
         }
         for name, runs in models.items():
-            specs[name] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+            spec = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+            specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
         for i, (name, spec) in enumerate(specs.items()):
             r = asyncio.run(
                 run_policy(

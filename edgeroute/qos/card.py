@@ -110,7 +110,16 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "",
         "## How it was trained",
         "",
-        f"- Training code at commit `{_commit(root)}`.",
+        "- Trained at commit "
+        + ", ".join(f"`{c}`" for c in sorted({r.get("commit", "unknown") for r in runs.values()}))
+        + "; "
+        + (
+            "the actors were then re-exported from their checkpoints with the current graph "
+            "(same weights; `reexport_parity_max_abs` in each record)"
+            if any("reexport_note" in r for r in runs.values())
+            else "exported as trained"
+        )
+        + f". Training code last changed at `{_commit(root)}`.",
         "- Each run: `edgeroute train qos --variant V --seed S --steps "
         f"{cfg['steps']} --out models/qos/runs/V-sS` (the other settings are the defaults",
         "  of `edgeroute/qos/config.py`); then `cp models/qos/runs/"

@@ -36,7 +36,7 @@ class TrainConfig:
     # decision during which they finish (see docs/research.md for what each measured).
     credit: str = "request"
     randomise: bool = True  # each episode draws lambda in RATES and L in LATENCIES_MS
-    steps: int = 200_000
+    steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
     update_every: int = 16  # environment steps per SAC update

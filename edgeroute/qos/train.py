@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -130,6 +131,22 @@ def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
         "latency_ms": float(np.mean([s.latency_ms for s in scores])),
         "drop_rate": float(np.mean([s.drop_rate for s in scores])),
     }
+
+
+def source_commit() -> str:
+    """The checkout's commit, marked `-dirty` when its tracked files differ from it."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def _save(obj: object, path: Path) -> None:
@@ -248,6 +265,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     diff = parity(sac.actor, out / "actor.onnx")
     shares = {k: round(v / max(1e-9, sum(spent.values())), 3) for k, v in spent.items()}
     result = {
+        "commit": source_commit(),
         "config": asdict(cfg),
         "best_eval_qos": best,
         "sqf_eval_qos": reference["qos"],

@@ -19,6 +19,7 @@ from edgeroute.bench.live import (
     Settings,
     arrivals,
     body_for,
+    gateway_clock,
     headers_for,
     main,
     task_of,
@@ -215,3 +216,12 @@ def test_bench_live_on_a_prefill_decode_pool_ours_and_vllm_routers_pd_mode(
     for r in rows:
         assert r["requests"] > 0 and r["failed"] == 0
         assert r["served"] == r["requests"]  # every request went prefill, transfer, decode
+
+
+def test_a_time_scaled_run_gives_qos_drl_its_target_in_the_gateways_clock() -> None:
+    """At x10 the gateway sees every latency ten times shorter than the emulated one:
+    qos_drl must judge 30 emulated ms per token against 3 real ms."""
+    spec = gateway_clock({"policy": "qos_drl", "model": "m"}, 0.030, 10.0)
+    assert spec == {"policy": "qos_drl", "model": "m", "latency_ms": pytest.approx(3.0)}
+    other = {"policy": "least_load"}
+    assert gateway_clock(other, 0.030, 10.0) is other
