@@ -229,6 +229,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         latency_ms=args.latency_ms,
         randomise=args.randomise,
         credit=args.credit,
+        impact=args.impact,
         steps=args.steps,
         warmup=min(args.warmup, args.steps),
         envs=args.envs,
@@ -443,6 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["request", "completion"],
         default=t.credit,
         help="reward each decision with its request's QoS, or completions as they happen",
+    )
+    q.add_argument(
+        "--impact",
+        choices=["reached", "pushed"],
+        default=t.impact,
+        help="eq. 15 counts running requests that reach L with the new one, or only "
+        "those it pushes over",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

@@ -35,6 +35,7 @@ class TrainConfig:
     # the impact penalty); "completion": the paper's letter, completions rewarded at the
     # decision during which they finish (see docs/research.md for what each measured).
     credit: str = "request"
+    impact: str = "reached"  # eq. 15 as written, or "pushed": only requests it pushes over L
     randomise: bool = True  # each episode draws lambda in RATES and L in LATENCIES_MS
     steps: int = 150_000
     warmup: int = 5_000

@@ -71,6 +71,7 @@ def make_env(
         episode_len=episode_len or cfg.episode_len,
         reward=cfg.reward,  # type: ignore[arg-type]
         predictor=predictor,
+        impact=cfg.impact,  # type: ignore[arg-type]
     )
 
 

@@ -291,6 +291,9 @@ class ExpertState:
 
 
 RewardKind = Literal["qos", "completion"]
+# Which running requests eq. 15 counts: those whose estimated latency with the new
+# request reaches L (as written), or only those it pushes over (as the text says).
+Impact = Literal["reached", "pushed"]
 
 
 class EdgeEnv:
@@ -308,6 +311,7 @@ class EdgeEnv:
         reward: RewardKind = "qos",
         predictor: Predictor | None = None,
         arrivals: Iterator[Arrival] | None = None,
+        impact: Impact = "reached",
     ) -> None:
         self.specs = experts
         self.tasks = tasks
@@ -316,6 +320,7 @@ class EdgeEnv:
         self.seed = seed
         self.episode_len = episode_len
         self.reward_kind = reward
+        self.impact = impact
         self.predictor = predictor or NoisyOracle()
         self._arrivals_override = arrivals
         self.reset(seed)
@@ -437,7 +442,7 @@ class EdgeEnv:
             # quantity eq. 15's increase is measured against), not the current average,
             # which early in decode is dominated by the time to the first token.
             projected = ((self.now - r.arrival) + (d_i - r.generated) * step) / d_i
-            if projected + extra >= self.L:
+            if projected + extra >= self.L and (self.impact == "reached" or projected < self.L):
                 penalty += r.pred_score
         return penalty
 

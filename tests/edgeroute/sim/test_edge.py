@@ -106,6 +106,12 @@ def test_impact_penalty_is_eq_15() -> None:
     # A tighter L makes the same action costly.
     env.L = 1e-4
     assert env.impact_penalty(0) == pytest.approx(r.pred_score)
+    # Read as "pushed over": a request already past L without the new one is not
+    # counted; one the new request tips over still is.
+    env.impact = "pushed"
+    assert env.impact_penalty(0) == 0.0  # projected alone is far above 1e-4
+    env.L = projected + extra / 2
+    assert env.impact_penalty(0) == pytest.approx(r.pred_score)
 
 
 def test_completion_reward_counts_only_completions() -> None:
