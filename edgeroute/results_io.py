@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "bench" / "results"
 QUICK = Path(tempfile.gettempdir()) / "edgeroute-quick"
+
+
+def git(*args: str) -> str | None:
+    """A git command's output, run at the checkout's root (paths are relative to it),
+    or None where git cannot answer."""
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
 
 
 def machine() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,17 @@ def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, 
     ]
     # A benchmark of rejections would measure nothing: every decision must pick.
     assert all(not pipeline.decide(r, view).rejected for r in reqs[:10]), policy
+    return {"policy": policy, "backends": n, **timed(pipeline.decide, reqs, view, runs)}
+
+
+def timed(
+    decide: Callable[[RequestInfo, ClusterView], object],
+    reqs: Sequence[RequestInfo],
+    view: ClusterView,
+    runs: int,
+) -> dict[str, float]:
+    """Every request decided `runs` times: the median over runs of the per-decision
+    mean, and the p50 and p99 of the last run's individual timings."""
     means = []
     samples: list[float] = []
     for _ in range(runs):
@@ -87,13 +99,11 @@ def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, 
         t_run = time.perf_counter()
         for r in reqs:
             t0 = time.perf_counter()
-            pipeline.decide(r, view)
+            decide(r, view)
             samples.append(time.perf_counter() - t0)
-        means.append((time.perf_counter() - t_run) / calls)
+        means.append((time.perf_counter() - t_run) / len(reqs))
     samples.sort()
     return {
-        "policy": policy,
-        "backends": n,
         "decision_us_mean": statistics.median(means) * 1e6,
         "decision_us_p50": samples[len(samples) // 2] * 1e6,
         "decision_us_p99": samples[int(len(samples) * 0.99)] * 1e6,
@@ -124,23 +134,11 @@ def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None)
         )
     )
     req = RequestInfo("m", 300, prompt="Write a function that sorts a list.", now=1.0)
-    means: list[float] = []
-    samples: list[float] = []
-    for _ in range(runs):
-        samples = []
-        t_run = time.perf_counter()
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            policy.decide(req, view)
-            samples.append(time.perf_counter() - t0)
-        means.append((time.perf_counter() - t_run) / calls)
-    samples.sort()
+    arrivals = [req] * calls
     return {
         "policy": "qos_drl (full queues)",
         "backends": n,
-        "decision_us_mean": statistics.median(means) * 1e6,
-        "decision_us_p50": samples[len(samples) // 2] * 1e6,
-        "decision_us_p99": samples[int(len(samples) * 0.99)] * 1e6,
+        **timed(policy.decide, arrivals, view, runs),
     }
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from edgeroute.results_io import RESULTS, save_figure
+from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
 
 TRAINING_CODE = ("edgeroute/qos", "edgeroute/sim/edge.py", "policies/qos_state.py")
@@ -24,19 +23,10 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _commit(root: Path) -> str:
+def _commit() -> str:
     """The last commit that changed the training code."""
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%h %s", "--", *TRAINING_CODE],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()[:100] or "unknown"
+    found = git("log", "-1", "--format=%h %s", "--", *TRAINING_CODE)
+    return found[:100] if found else "unknown"
 
 
 def runs_of(runs_dir: Path) -> dict[str, dict[str, Any]]:
@@ -83,7 +73,6 @@ def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
 
 
 def write_card(model_dir: Path, data_dir: Path) -> Path:
-    root = model_dir.resolve().parent.parent
     runs = runs_of(model_dir / "runs")
     if not runs:
         raise SystemExit(f"no training records in {model_dir / 'runs'}")
@@ -119,7 +108,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             if any("reexport_note" in r for r in runs.values())
             else "exported as trained"
         )
-        + f". Training code last changed at `{_commit(root)}`.",
+        + f". Training code last changed at `{_commit()}`.",
         "- Each run: `edgeroute train qos --variant V --seed S --steps "
         f"{cfg['steps']} --out models/qos/runs/V-sS` (the other settings are the defaults",
         "  of `edgeroute/qos/config.py`); then `cp models/qos/runs/"

@@ -63,13 +63,10 @@ class Score:
     drop_rate: float
 
 
-def evaluate(env: EdgeEnv, policy: Policy, seeds: list[int], reset: bool = True) -> Score:
-    """Average over episodes, one per seed; `reset=False` runs the one episode the
-    caller has just set up (on hardware of its choosing)."""
+def evaluate(env: EdgeEnv, policy: Policy, seeds: list[int]) -> Score:
     qos, lat, drops = [], [], []
     for seed in seeds:
-        if reset:
-            env.reset(seed)
+        env.reset(seed)
         done, i = False, 0
         while not done:
             _, done = env.step(policy(env, i))

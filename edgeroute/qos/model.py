@@ -5,8 +5,8 @@ each expert's running and waiting requests. Each layer does node-level attention
 relation (running->expert, waiting->expert, arrived->expert, expert->arrived; a
 request node hears its own expert), then semantic-level attention that weighs the
 relations. The paper uses 2 layers, 4 heads and hidden 64; the trainer's defaults
-(`edgeroute.qos.sac.SACConfig`) are 2 layers, 2 heads and hidden 32, for the serving
-budget (see `docs/research.md`). Everything is dense, padded tensors with masks, so
+(`edgeroute.qos.config.SACConfig`) are 1 layer, 2 heads and hidden 32, for the serving
+budget and the training speed (see `docs/research.md`). Everything is dense, padded tensors with masks, so
 the graph exports to ONNX.
 
 Heads are pointer-style: expert n's logit (or Q-value) is read from the pair

@@ -5,7 +5,7 @@ encoder shared by the twin critic and the actor; the temperature is tuned toward
 target entropy; the target critic follows by Polyak averaging.
 
 Where this departs from the letter of SAC, for speed on a CPU (see
-`docs/research.md`, "Training the QoS router"): the encoder learns from the critic's
+`docs/research.md`, the QoS router's "Training"): the encoder learns from the critic's
 loss only and the actor's head reads it detached (as in SAC-AE and DrQ), so an
 update runs three encoder passes instead of five; and the actor's loss uses the Q
 values of the critic's own pass.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +30,7 @@ from edgeroute.qos.config import LATENCIES_MS, RATES, TrainConfig
 from edgeroute.qos.evaluate import evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
+from edgeroute.results_io import git
 from edgeroute.sim.edge import (
     TRAIN_HARDWARE,
     EdgeEnv,
@@ -48,29 +48,28 @@ Obs = dict[str, np.ndarray]
 PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation and checkpoints")
 
 
+def training_predictor(cfg: TrainConfig) -> Predictor:
+    """The served predictor's real outputs (never the truth), or none at all."""
+    return NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
+
+
 def make_env(
     cfg: TrainConfig,
     data_dir: Path,
-    seed: int = 0,
     episode_len: int | None = None,
     predictor: Predictor | None = None,
     tasks: list[Task] | None = None,
 ) -> EdgeEnv:
-    # The served predictor's real outputs on the agent's own split of the prompts
-    # (`edgeroute.sim.edge.in_split`): never the truth, never the evaluation prompts.
-    if predictor is None:
-        predictor = (
-            NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
-        )
+    # On the agent's own split of the prompts (`edgeroute.sim.edge.in_split`): never
+    # the evaluation prompts, never the predictor's.
     return EdgeEnv(
         default_experts(cfg.experts, seed=TRAIN_HARDWARE[0]),
         tasks or load_tasks(data_dir, split="agent"),
         rate=cfg.rate,
         latency_req=cfg.latency_ms / 1000,
-        seed=seed,
         episode_len=episode_len or cfg.episode_len,
         reward=cfg.reward,  # type: ignore[arg-type]
-        predictor=predictor,
+        predictor=predictor or training_predictor(cfg),
         impact=cfg.impact,  # type: ignore[arg-type]
     )
 
@@ -120,13 +119,12 @@ def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
     what checkpoints are chosen by, so the held-out splits stay unseen."""
     scores = []
     for k in range(cfg.eval_episodes):
-        env.reset(
-            1001 + k,
+        env.reset(  # the environment keeps this hardware, load and L for `evaluate`
             experts=default_experts(cfg.experts, seed=TRAIN_HARDWARE[k]),
             rate=cfg.rate,
             latency_req=cfg.latency_ms / 1000,
         )
-        scores.append(evaluate(env, policy, [1001 + k], reset=False))
+        scores.append(evaluate(env, policy, [1001 + k]))
     return {
         "qos": float(np.mean([s.qos for s in scores])),
         "latency_ms": float(np.mean([s.latency_ms for s in scores])),
@@ -136,18 +134,10 @@ def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
 
 def source_commit() -> str:
     """The checkout's commit, marked `-dirty` when its tracked files differ from it."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-        return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
         return "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _save(obj: object, path: Path) -> None:
@@ -160,9 +150,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    predictor = (
-        NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
-    )
+    predictor = training_predictor(cfg)
     tasks = load_tasks(data_dir, split="agent")
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)

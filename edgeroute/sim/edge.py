@@ -343,6 +343,8 @@ class EdgeEnv:
         self.L = latency_req or self.L
         self.rng = random.Random(self.seed if seed is None else seed)
         self.experts = [ExpertState(s) for s in self.specs]
+        self.last_request: Req | None = None  # what the last `step` routed, and ...
+        self.last_penalty = 0.0  # ... the impact penalty it incurred
         self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
         self.now = 0.0
         self.decisions = 0
@@ -451,7 +453,7 @@ class EdgeEnv:
         routed (None when dropped) and the action impact penalty are kept as
         `last_request` and `last_penalty`, for credit given per request."""
         penalty = 0.0
-        self.last_request: Req | None = None
+        self.last_request = None
         if action == 0:
             self.dropped += 1
             self.finished.append(
