@@ -21,12 +21,16 @@ import numpy as np
 from policies.filters import Healthy, Role, ServesModel
 from policies.plugins import Need
 from policies.qos_state import INPUTS, FeatureCache, encode, snapshot
-from policies.qos_text import hashed_ids
+from policies.qos_text import gram_ids
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
 BUCKETS = 10
 MAX_TOKENS = 300.0
+# Bucket midpoints: the values the features carry for a predicted bucket.
+_SCORE_MID = [(b + 0.5) / BUCKETS for b in range(BUCKETS)]
+_LENGTH_MID = [(b + 0.5) * MAX_TOKENS / BUCKETS for b in range(BUCKETS)]
+NO_BACKEND = Decision(None, reason="no backend passed the filters")
 
 
 class ScorePredictor:
@@ -43,6 +47,7 @@ class ScorePredictor:
         )
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
         self._index: dict[tuple[str, ...], int] = {}
+        self._rows: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
 
     def index(self, names: Sequence[str]) -> int:
         """The predictor's index of a model (by name or suffix); 0 when unknown. Kept
@@ -62,18 +67,23 @@ class ScorePredictor:
 
     def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
         """(score, length) bucket midpoints of `prompt` on each expert index: one run
-        for the request, one row per distinct expert (backends often share a model)."""
-        row = {e: i for i, e in enumerate(dict.fromkeys(experts))}
-        ids = np.repeat(hashed_ids(prompt)[None], len(row), axis=0)
-        score, length = self._session.run(
-            None, {"ids": ids, "expert": np.fromiter(row, np.int64, len(row))}
-        )
-        where = [row[e] for e in experts]
-        sb, lb = score.argmax(-1)[where], length.argmax(-1)[where]
-        return [
-            ((s + 0.5) / BUCKETS, (b + 0.5) * MAX_TOKENS / BUCKETS)
-            for s, b in zip(sb.tolist(), lb.tolist(), strict=True)
+        for the request, which pools the prompt once, and one row per distinct expert
+        (backends often share a model)."""
+        key = tuple(experts)
+        rows = self._rows.get(key)
+        if rows is None:
+            unique = list(dict.fromkeys(experts))
+            where = [unique.index(e) for e in experts]
+            rows = self._rows[key] = (np.array(unique, np.int64), where)
+        ids = gram_ids(prompt)
+        if not len(ids):
+            ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
+        score, length = self._session.run(None, {"ids": ids[None], "expert": rows[0]})
+        per_row = [
+            (_SCORE_MID[a], _LENGTH_MID[b])
+            for a, b in zip(score.argmax(-1).tolist(), length.argmax(-1).tolist(), strict=True)
         ]
+        return [per_row[i] for i in rows[1]]
 
 
 class QoSDRL:
@@ -94,25 +104,63 @@ class QoSDRL:
         shipped = (model_dir / "predictor.onnx").exists()
         self.predictor = ScorePredictor(model_dir if shipped else DEFAULT_MODEL_DIR)
         self._features: FeatureCache = {}
-        self._inputs = {i.name for i in self._actor.get_inputs()}
+        names = {i.name for i in self._actor.get_inputs()}
+        self._inputs = [k for k in INPUTS if k in names]
+        self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
         self.latency = latency_ms / 1000.0
         self.running_cap = running_cap
         self._filters = (Healthy(), ServesModel(), Role())
+        self._shed = Decision(
+            None,
+            reason="shed by the QoS policy: no backend can meet the latency target for it now",
+            retry_after=1.0,
+            token_target=self.latency,
+        )
 
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
-        experts = [
-            self.predictor.index([b.expert] if b.expert else sorted(b.models)) for b in backends
-        ]
-        return self.predictor.predict(prompt, experts)
+        return self.predictor.predict(prompt, [self._expert(b) for b in backends])
+
+    def _expert(self, b: BackendView) -> int:
+        key = (b.expert, b.models)
+        found = self._experts.get(key)
+        if found is None:
+            names = [b.expert] if b.expert else sorted(b.models)
+            found = self._experts[key] = self.predictor.index(names)
+        return found
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
-        return self.ranked(req, view)[0]
+        scored = self._scored(req, view)
+        if scored is None:
+            return NO_BACKEND
+        candidates, preds, logits = scored
+        best = int(np.argmax(logits))
+        if best == 0:
+            return self._shed
+        return Decision(
+            candidates[best - 1].id, predicted=preds[best - 1], token_target=self.latency
+        )
 
     def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
         """The actor's choice, then the other candidates in the order of its logits."""
+        scored = self._scored(req, view)
+        if scored is None:
+            return (NO_BACKEND,)
+        candidates, preds, logits = scored
+        if int(np.argmax(logits)) == 0:
+            return (self._shed,)
+        order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
+        return tuple(
+            Decision(candidates[i].id, predicted=preds[i], token_target=self.latency)
+            for i in order.tolist()
+        )
+
+    def _scored(
+        self, req: RequestInfo, view: ClusterView
+    ) -> tuple[list[BackendView], list[tuple[float, float]], np.ndarray] | None:
+        """The candidates, their predictions and the actor's logits over {drop, each}."""
         candidates = [b for b in view.backends if all(f.keep(req, view, b) for f in self._filters)]
         if not candidates:
-            return (Decision(None, reason="no backend passed the filters"),)
+            return None
         preds = self.predict(req.prompt, candidates)
         obs = encode(
             req.prompt_tokens,
@@ -123,19 +171,6 @@ class QoSDRL:
             ],
             self.latency,
         )
-        feeds: dict[str, Any] = {k: obs[k][None] for k in INPUTS if k in self._inputs}
-        logits = self._actor.run(["logits"], feeds)[0][0]
-        if int(np.argmax(logits)) == 0:
-            return (
-                Decision(
-                    None,
-                    reason="shed by the QoS policy: no backend can meet the latency target for it now",
-                    retry_after=1.0,
-                    token_target=self.latency,
-                ),
-            )
-        order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
-        return tuple(
-            Decision(candidates[i].id, predicted=preds[i], token_target=self.latency)
-            for i in order.tolist()
-        )
+        feeds: dict[str, Any] = {k: obs[k][None] for k in self._inputs}
+        logits: np.ndarray = self._actor.run(["logits"], feeds)[0][0]
+        return candidates, preds, logits

@@ -13,7 +13,8 @@ One snapshot builder (`snapshot`, from a backend's view) and one encoder, for tr
   tells hardware apart before its queue does;
 - arrived (eq. 9): prompt tokens and its mean predictions.
 
-Shapes: arrived [6], experts [N, 6], running [N, R, 6], waiting [N, W, 6], with masks.
+Shapes: arrived [6], experts [N, 6], queues [N, 2, 5, 6] (each expert's running, then
+waiting requests, padded to 5 each), with masks experts [N] and queues [N, 2, 5].
 """
 
 from __future__ import annotations
@@ -29,28 +30,45 @@ MAX_TOKENS = 300.0
 F_REQ, F_EXPERT = 6, 6
 
 
+QUEUE_CAP = 5  # request rows per queue (running, waiting) that the actor reads
+# Columns of a backend's packed rows beyond the features: when each request started,
+# its tokens so far (at least 1), and whether the row holds a request.
+_STARTED, _PER_TOKEN, _PRESENT = F_REQ, F_REQ + 1, F_REQ + 2
+
+
 @dataclass(frozen=True, slots=True)
 class ExpertSnapshot:
-    """One expert's state: its memory use and its in-flight requests, oldest first, as
-    feature rows (eq. 6) whose last column still holds seconds per token (`encode`
-    divides by L). The first `running` rows are the running batch, the rest wait."""
+    """One expert's state at `now`: its memory use and its in-flight requests, oldest
+    first, packed as [running, waiting] x QUEUE_CAP rows of eq. 6's features (column 5,
+    the latency per token so far, is filled by `encode`, which knows L) plus when each
+    request started, its tokens so far and a presence flag. `running` and `count` are
+    the true numbers, which may exceed the rows kept."""
 
     memory: float  # e_{n,t}
-    queue: np.ndarray  # [k, F_REQ]
+    packed: np.ndarray  # [2, QUEUE_CAP, F_REQ + 3]
     running: int
+    count: int
+    now: float
     token_latency: float = 0.0  # s per token of its recent requests (0: none yet)
     running_cap: int = 5
     waiting_cap: int = 5
 
     @property
     def waiting(self) -> int:
-        return len(self.queue) - self.running
+        return self.count - self.running
+
+    @property
+    def queue(self) -> np.ndarray:
+        """The kept rows, running then waiting, with column 5 in seconds per token."""
+        rows = self.packed[self.packed[..., _PRESENT] > 0]
+        out = rows[:, :F_REQ].copy()
+        out[:, 5] = np.maximum(0.0, self.now - rows[:, _STARTED]) / rows[:, _PER_TOKEN]
+        return out
 
 
 # A backend's requests change only when the gateway rebuilds its view of it; between
-# rebuilds the same tuple comes back, and its rows need only their latency refreshed.
-_Static = tuple[np.ndarray, np.ndarray, np.ndarray]  # rows, started_at, max(1, generated)
-FeatureCache = dict[str, tuple[object, int, _Static]]
+# rebuilds the same tuple comes back, and its packed rows can be reused as they are.
+FeatureCache = dict[str, tuple[object, int, int, np.ndarray]]
 
 
 TOKEN_LATENCY_WEIGHT = 0.2
@@ -65,20 +83,29 @@ def token_latency_mix(average: float, latest: float) -> float:
     return (1 - TOKEN_LATENCY_WEIGHT) * average + TOKEN_LATENCY_WEIGHT * latest
 
 
-def _static(b: BackendView) -> _Static:
+def _packed(b: BackendView, batch: int) -> np.ndarray:
     reqs = sorted(b.requests, key=lambda r: r.started_at)
     a = np.array(
         [(r.prompt_tokens, r.pred_score, r.pred_length, r.generated, r.started_at) for r in reqs],
         np.float64,
     ).reshape(len(reqs), 5)
-    rows = np.zeros((len(reqs), F_REQ))
+    rows = np.zeros((len(reqs), F_REQ + 3))
     rows[:, 0] = a[:, 0] / 1000.0
     rows[:, 1] = a[:, 1]
     rows[:, 2] = a[:, 2] / MAX_TOKENS
     if b.kv_capacity_tokens:
         rows[:, 3] = (a[:, 0] + a[:, 3]) / max(1, b.kv_capacity_tokens)
     rows[:, 4] = a[:, 3] / MAX_TOKENS
-    return rows, a[:, 4], np.maximum(1.0, a[:, 3])
+    rows[:, _STARTED] = a[:, 4]
+    rows[:, _PER_TOKEN] = np.maximum(1.0, a[:, 3])
+    rows[:, _PRESENT] = 1.0
+    out = np.zeros((2, QUEUE_CAP, F_REQ + 3))
+    out[:, :, _PER_TOKEN] = 1.0
+    r = min(batch, QUEUE_CAP)
+    w = min(len(reqs) - batch, QUEUE_CAP)
+    out[0, :r] = rows[:r]
+    out[1, :w] = rows[batch : batch + w]
+    return out
 
 
 def snapshot(
@@ -92,19 +119,22 @@ def snapshot(
     The oldest are the running batch: as many as the engine reports running when its
     figures are fresh, else up to the batch cap. `cache` keeps each backend's rows
     between calls while its view is unchanged."""
-    found = cache.get(b.id) if cache is not None else None
-    if found is not None and found[0] is b.requests and found[1] == b.kv_capacity_tokens:
-        static = found[2]
-    else:
-        static = _static(b)
-        if cache is not None:
-            cache[b.id] = (b.requests, b.kv_capacity_tokens, static)
-    rows, started, per_token = static
-    queue = rows.copy()
-    queue[:, 5] = np.maximum(0.0, now - started) / per_token
     fresh = b.stats_age <= stale_after
-    batch = min(b.running, running_cap) if fresh else running_cap
-    return ExpertSnapshot(b.kv_usage, queue, min(batch, len(queue)), b.token_latency)
+    count = len(b.requests)
+    batch = min(b.running if fresh else running_cap, running_cap, count)
+    found = cache.get(b.id) if cache is not None else None
+    if (
+        found is not None
+        and found[0] is b.requests
+        and found[1] == b.kv_capacity_tokens
+        and found[2] == batch
+    ):
+        packed = found[3]
+    else:
+        packed = _packed(b, batch)
+        if cache is not None:
+            cache[b.id] = (b.requests, b.kv_capacity_tokens, batch, packed)
+    return ExpertSnapshot(b.kv_usage, packed, batch, count, now, b.token_latency)
 
 
 def encode(
@@ -113,25 +143,23 @@ def encode(
     experts: Sequence[ExpertSnapshot],
     latency_req: float,
     n_max: int | None = None,
-    queue_cap: int = 5,
 ) -> dict[str, np.ndarray]:
-    """Dense, padded arrays for one decision. `preds[n]` is (score, length) on expert n."""
+    """Dense, padded arrays for one decision. `preds[n]` is (score, length) on expert n;
+    every snapshot is taken at the same instant."""
     n = len(experts)
     n_max = n_max or n
     arrived = np.zeros(F_REQ, np.float32)
-    scores = [p[0] for p in preds] or [0.0]
-    lengths = [p[1] for p in preds] or [0.0]
+    k = max(1, len(preds))
     arrived[:3] = (
         prompt_tokens / 1000.0,
-        float(np.mean(scores)),
-        float(np.mean(lengths)) / MAX_TOKENS,
+        sum(p[0] for p in preds) / k,
+        sum(p[1] for p in preds) / k / MAX_TOKENS,
     )
     ex = np.zeros((n_max, F_EXPERT), np.float32)
-    # Filled in float64 and scaled at once, then stored as float32 like the rest.
-    queues = np.zeros((2, n_max, queue_cap, F_REQ))  # running, waiting
-    masks = np.zeros((2, n_max, queue_cap), np.float32)
     ex_mask = np.zeros(n_max, np.float32)
     ex_mask[:n] = 1.0
+    # [N, 2 (running, waiting), QUEUE_CAP, F_REQ + 3], in float64 until the end
+    packed = np.zeros((n_max, 2, QUEUE_CAP, F_REQ + 3))
     if n:
         ex[:n] = [
             (
@@ -144,25 +172,18 @@ def encode(
             )
             for i, e in enumerate(experts)
         ]
-    for i, e in enumerate(experts):
-        r = min(e.running, queue_cap)
-        w = min(e.waiting, queue_cap)
-        queues[0, i, :r] = e.queue[:r]
-        queues[1, i, :w] = e.queue[e.running : e.running + w]
-        masks[0, i, :r] = 1.0
-        masks[1, i, :w] = 1.0
-    queues[..., 5] = np.minimum(5.0, queues[..., 5] / latency_req)  # in multiples of L
-    run, wait = queues.astype(np.float32)
-    run_mask, wait_mask = masks
+        rows = packed[:n]
+        np.stack([e.packed for e in experts], out=rows)
+        elapsed = np.maximum(0.0, experts[0].now - rows[..., _STARTED])
+        per_token = elapsed / rows[..., _PER_TOKEN] / latency_req  # in multiples of L
+        rows[..., 5] = np.minimum(5.0, per_token) * rows[..., _PRESENT]
     return {
         "arrived": arrived,
         "experts": ex,
-        "running": run,
-        "waiting": wait,
+        "queues": packed[..., :F_REQ].astype(np.float32),
         "expert_mask": ex_mask,
-        "running_mask": run_mask,
-        "waiting_mask": wait_mask,
+        "queue_mask": packed[..., _PRESENT].astype(np.float32),
     }
 
 
-INPUTS = ("arrived", "experts", "running", "waiting", "expert_mask", "running_mask", "waiting_mask")
+INPUTS = ("arrived", "experts", "queues", "expert_mask", "queue_mask")

@@ -14,11 +14,17 @@ MAX_IDS = 256
 _WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 
 
-def hashed_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
-    """Ids in [1, VOCAB) for the first words and bigrams; 0 pads."""
+def gram_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
+    """Ids in [1, VOCAB) of the first words and bigrams, unpadded."""
     words = _WORD.findall(text.lower())[: max_ids // 2]
     grams = words + [a + " " + b for a, b in itertools.pairwise(words)]
+    found = np.fromiter((zlib.crc32(g.encode()) for g in grams[:max_ids]), np.int64)
+    return 1 + found % (VOCAB - 1)
+
+
+def hashed_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
+    """`gram_ids` padded with 0 to `max_ids`."""
+    found = gram_ids(text, max_ids)
     out = np.zeros(max_ids, np.int64)
-    for i, g in enumerate(grams[:max_ids]):
-        out[i] = 1 + zlib.crc32(g.encode()) % (VOCAB - 1)
+    out[: len(found)] = found
     return out

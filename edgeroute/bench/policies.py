@@ -112,16 +112,20 @@ def timed(
 
 def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None) -> dict[str, Any]:
     """`qos_drl` on N experts with full queues (5 running + 5 waiting each): the
-    predictor, the features and the actor, as on the request path."""
+    predictor, the features and the actor, as on the request path. The experts serve
+    the predictor's models in turn, as in the QoS simulator, so up to 11 distinct
+    ones are predicted per request."""
     from policies.qos_drl import QoSDRL
 
     policy = policy or QoSDRL()
+    experts = policy.predictor.models
     reqs = tuple(InflightRequest(200, 0.0, 40, 0.5, 150.0) for _ in range(10))
     view = ClusterView(
         tuple(
             BackendView(
                 id=f"e{i}",
                 models=frozenset({"m"}),
+                expert=experts[i % len(experts)],
                 running=5,
                 waiting=5,
                 kv_usage=0.6,
@@ -133,7 +137,9 @@ def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None)
             for i in range(n)
         )
     )
-    req = RequestInfo("m", 300, prompt="Write a function that sorts a list.", now=1.0)
+    # As long as the median prompt of the evaluation split (81 characters).
+    prompt = "Write a python function to count the pairs in a list whose sum equals a target."
+    req = RequestInfo("m", 300, prompt=prompt, now=1.0)
     arrivals = [req] * calls
     return {
         "policy": "qos_drl (full queues)",

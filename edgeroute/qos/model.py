@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from policies.qos_state import F_EXPERT, F_REQ
+from policies.qos_state import F_EXPERT, F_REQ, INPUTS
 
 NEG = -1e9
 
@@ -38,16 +38,52 @@ class NodeAttention(nn.Module):
         member[torch.arange(hidden), torch.arange(hidden) // self.d] = 1.0
         self.member: Tensor
         self.register_buffer("member", member, persistent=False)
+        self.scaled: Tensor  # member / sqrt(d): the per-head sum and the scaling in one
+        self.register_buffer("scaled", member / self.d**0.5, persistent=False)
 
     def forward(self, target: Tensor, neigh: Tensor, mask: Tensor) -> Tensor:
         # target [..., H], neigh [..., K, H], mask [..., K]; products broadcast rather
         # than batched matmuls of tiny matrices (K <= 12 keys of d <= 16).
         q = self.q(target).unsqueeze(-2)  # [..., 1, H]
         m = mask.unsqueeze(-1)  # [..., K, 1]
-        scores = (q * self.k(neigh)) @ self.member / self.d**0.5 + (1.0 - m) * NEG
+        scores = (q * self.k(neigh)) @ self.scaled + (1.0 - m) * NEG
         attn = torch.softmax(scores, dim=-2) * m  # [..., K, heads]; all-masked rows -> 0
         out: Tensor = ((attn @ self.member.T) * self.v(neigh)).sum(-2)
         return out
+
+
+def queue_attention(
+    relations: tuple[NodeAttention, ...],
+    target: Tensor,
+    queues: Tensor,
+    mask: Tensor,
+    embed: nn.Linear | None = None,
+) -> Tensor:
+    """Each expert's attention over its running and waiting queues in one pass: queue r
+    is heard through relations[r]'s weights, as that NodeAttention would. target
+    [B, N, H], queues [B, N, R, K, H], mask [B, N, R, K] -> [B, N, R, H]. `embed`, if
+    given, is the linear embedding the queues (then raw features) have yet to go
+    through: it is folded into the key and value projections. The served graph's cost
+    is mostly its operations on queue-sized tensors, hence one batched product per
+    projection and no separate embedding."""
+
+    def stacked(name: str) -> tuple[Tensor, Tensor]:
+        layers: list[nn.Linear] = [getattr(r, name) for r in relations]
+        weight = torch.stack([x.weight.T for x in layers])  # [R, H, H]
+        return weight, torch.stack([x.bias for x in layers]).unsqueeze(-2)  # [R, 1, H]
+
+    (wq, bq), (wk, bk), (wv, bv) = stacked("q"), stacked("k"), stacked("v")
+    if embed is not None:  # (x W_e + b_e) W + b = x (W_e W) + (b_e W + b)
+        w_e, b_e = embed.weight.T, embed.bias
+        wk, bk = w_e @ wk, (b_e @ wk).unsqueeze(-2) + bk
+        wv, bv = w_e @ wv, (b_e @ wv).unsqueeze(-2) + bv
+    first = relations[0]
+    q = target[:, :, None, None, :] @ wq + bq  # [B, N, R, 1, H]
+    m = mask.unsqueeze(-1)  # [B, N, R, K, 1]
+    scores = (q * (queues @ wk + bk)) @ first.scaled + (1.0 - m) * NEG
+    attn = torch.softmax(scores, dim=-2) * m  # [B, N, R, K, heads]
+    out: Tensor = ((attn @ first.member.T) * (queues @ wv + bv)).sum(-2)
+    return out
 
 
 class SemanticAttention(nn.Module):
@@ -58,11 +94,14 @@ class SemanticAttention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
         self.q = nn.Linear(hidden, 1, bias=False)
 
-    def forward(self, z: Tensor, mask: Tensor) -> Tensor:
-        # z [B, M, R, H] (M nodes, R relations), mask [B, M]
+    def forward(self, z: Tensor, mask: Tensor | None = None) -> Tensor:
+        # z [B, M, R, H] (M nodes, R relations), mask [B, M] (None: every node is valid)
         w = self.q(torch.tanh(self.proj(z))).squeeze(-1)  # [B, M, R]
-        denom = mask.sum(-1, keepdim=True).clamp(min=1.0)
-        w = (w * mask.unsqueeze(-1)).sum(1) / denom  # [B, R]: averaged over valid nodes
+        if mask is None:
+            w = w.mean(1)
+        else:
+            denom = mask.sum(-1, keepdim=True).clamp(min=1.0)
+            w = (w * mask.unsqueeze(-1)).sum(1) / denom  # [B, R]: averaged over valid nodes
         beta = torch.softmax(w, dim=-1)
         return (z * beta[:, None, :, None]).sum(2)
 
@@ -86,32 +125,31 @@ class HANLayer(nn.Module):
         self,
         arr: Tensor,
         exp: Tensor,
-        run: Tensor,
-        wait: Tensor,
+        req: Tensor,
         m_exp: Tensor,
-        m_run: Tensor,
-        m_wait: Tensor,
+        m_req: Tensor,
         last: bool = False,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        z_exp = torch.stack(
-            [
-                self.run_to_exp(exp, run, m_run),
-                self.wait_to_exp(exp, wait, m_wait),
-                self.arr_to_exp(arr).unsqueeze(1).expand_as(exp),
-                self.exp_self(exp),
-            ],
-            dim=2,
+        embed: nn.Linear | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        # Relations into an expert: its running queue, its waiting queue, the arrived
+        # request, itself. req [B, N, 2, K, H] holds both queues; the first layer gets
+        # them as features, with the `embed` to apply.
+        relations = (self.run_to_exp, self.wait_to_exp)
+        from_queues = queue_attention(relations, exp, req, m_req, embed)
+        others = torch.stack(
+            [self.arr_to_exp(arr).unsqueeze(1).expand_as(exp), self.exp_self(exp)], 2
         )
-        new_exp = self.act(self.exp_sem(z_exp, m_exp))
+        new_exp = self.act(self.exp_sem(torch.cat([from_queues, others], dim=2), m_exp))
         z_arr = torch.stack([self.exp_to_arr(arr, exp, m_exp), self.arr_self(arr)], dim=1)
-        new_arr = self.act(self.arr_sem(z_arr.unsqueeze(1), torch.ones_like(arr[:, :1])))
+        new_arr = self.act(self.arr_sem(z_arr.unsqueeze(1)))
         new_arr = new_arr.squeeze(1)
         if last:  # the heads read the arrived and expert nodes only
-            return new_arr, new_exp * m_exp.unsqueeze(-1), run, wait
-        from_exp = self.req_from_exp(exp).unsqueeze(2)
-        new_run = self.act(self.req_self(run) + from_exp) * m_run.unsqueeze(-1)
-        new_wait = self.act(self.req_self(wait) + from_exp) * m_wait.unsqueeze(-1)
-        return new_arr, new_exp * m_exp.unsqueeze(-1), new_run, new_wait
+            return new_arr, new_exp * m_exp.unsqueeze(-1), req
+        if embed is not None:
+            req = embed(req)
+        from_exp = self.req_from_exp(exp)[:, :, None, None, :]
+        new_req = self.act(self.req_self(req) + from_exp) * m_req.unsqueeze(-1)
+        return new_arr, new_exp * m_exp.unsqueeze(-1), new_req
 
 
 class HANEncoder(nn.Module):
@@ -126,26 +164,24 @@ class HANEncoder(nn.Module):
         self,
         arrived: Tensor,
         experts: Tensor,
-        running: Tensor,
-        waiting: Tensor,
+        queues: Tensor,
         expert_mask: Tensor,
-        running_mask: Tensor,
-        waiting_mask: Tensor,
+        queue_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
+        # Padded nodes are not zeroed here: attention and the semantic average leave
+        # them out by their masks, and every layer zeroes its outputs' padding.
         arr = self.in_req(arrived)
-        exp = self.in_exp(experts) * expert_mask.unsqueeze(-1)
-        run = self.in_req(running) * running_mask.unsqueeze(-1)
-        wait = self.in_req(waiting) * waiting_mask.unsqueeze(-1)
+        exp = self.in_exp(experts)
+        req = queues  # embedded by the first layer, folded into its attention
         for i, layer in enumerate(self.layers):
-            arr, exp, run, wait = layer(
+            arr, exp, req = layer(
                 arr,
                 exp,
-                run,
-                wait,
+                req,
                 expert_mask,
-                running_mask,
-                waiting_mask,
+                queue_mask,
                 last=i == len(self.layers) - 1,
+                embed=self.in_req if i == 0 else None,
             )
         return arr, exp
 
@@ -165,11 +201,9 @@ class ExpertFeatureEncoder(nn.Module):
         self,
         arrived: Tensor,
         experts: Tensor,
-        running: Tensor,
-        waiting: Tensor,
+        queues: Tensor,
         expert_mask: Tensor,
-        running_mask: Tensor,
-        waiting_mask: Tensor,
+        queue_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
         level = torch.cat([experts[..., :3], experts[..., 5:6]], dim=-1)
         exp = self.net(level) * expert_mask.unsqueeze(-1)
@@ -218,15 +252,11 @@ class QoSNet(nn.Module):
         self,
         arrived: Tensor,
         experts: Tensor,
-        running: Tensor,
-        waiting: Tensor,
+        queues: Tensor,
         expert_mask: Tensor,
-        running_mask: Tensor,
-        waiting_mask: Tensor,
+        queue_mask: Tensor,
     ) -> Tensor:
-        arr, exp = self.encoder(
-            arrived, experts, running, waiting, expert_mask, running_mask, waiting_mask
-        )
+        arr, exp = self.encoder(arrived, experts, queues, expert_mask, queue_mask)
         out: Tensor = self.head(arr, exp, expert_mask, self.masked)
         return out
 
@@ -245,7 +275,7 @@ class TwinCritic(nn.Module):
 
     def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:
         arr, exp = self.encoder(*obs)
-        return self.heads(arr, exp, obs[4])
+        return self.heads(arr, exp, obs[INPUTS.index("expert_mask")])
 
     def heads(self, arr: Tensor, exp: Tensor, expert_mask: Tensor) -> tuple[Tensor, Tensor]:
         return self.q1(arr, exp, expert_mask, 0.0), self.q2(arr, exp, expert_mask, 0.0)

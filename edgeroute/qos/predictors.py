@@ -72,6 +72,48 @@ class Predictor(nn.Module):
         return self.score(h), self.length(h)
 
 
+class PerRequest(nn.Module):
+    """The predictor as served: one prompt's ids [1, T] and the experts [E] to predict
+    it on. The text is pooled once and the body runs once per expert, where a batch of
+    (prompt, expert) rows would pool the same text E times."""
+
+    def __init__(self, net: Predictor) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, ids: Tensor, expert: Tensor) -> tuple[Tensor, Tensor]:
+        net = self.net
+        assert net.embed is not None
+        mask = (ids > 0).float().unsqueeze(-1)
+        vec = (net.embed(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [1, D]
+        rows = net.expert(expert)
+        h = net.body(torch.cat([vec.expand(rows.shape[0], -1), rows], dim=-1))
+        return net.score(h), net.length(h)
+
+
+def export_predictor(net: Predictor, path: Path) -> None:
+    """`net` as the gateway runs it (`PerRequest`): inputs `ids` [1, T] (T <= MAX_IDS;
+    padding may be left off) and `expert` [E], outputs score and length logits
+    [E, BUCKETS]."""
+    net.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(
+        PerRequest(net),
+        (torch.zeros(1, MAX_IDS, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)),
+        str(path),
+        input_names=["ids", "expert"],
+        output_names=["score_logits", "length_logits"],
+        dynamic_axes={
+            "ids": {1: "ids"},
+            "expert": {0: "experts"},
+            "score_logits": {0: "experts"},
+            "length_logits": {0: "experts"},
+        },
+        opset_version=17,
+        dynamo=False,
+    )
+
+
 def text_features(texts: list[str], encoder: str) -> np.ndarray:
     if encoder == "bow":
         return np.stack([hashed_ids(t) for t in texts])
@@ -132,23 +174,7 @@ def train_predictor(
         "majority_length_top1": float(np.bincount(ds.length[te]).max() / len(te)),
     }
     if out is not None and bow:
-        out.mkdir(parents=True, exist_ok=True)
-        ids = torch.zeros(1, MAX_IDS, dtype=torch.int64)
-        torch.onnx.export(
-            net,
-            (ids, torch.zeros(1, dtype=torch.int64)),
-            str(out / "predictor.onnx"),
-            input_names=["ids", "expert"],
-            output_names=["score_logits", "length_logits"],
-            dynamic_axes={
-                "ids": {0: "batch"},
-                "expert": {0: "batch"},
-                "score_logits": {0: "batch"},
-                "length_logits": {0: "batch"},
-            },
-            opset_version=17,
-            dynamo=False,
-        )
+        export_predictor(net, out / "predictor.onnx")
         (out / "predictor.json").write_text(
             json.dumps({**result, "models": list(MODELS)}, indent=1) + "\n"
         )

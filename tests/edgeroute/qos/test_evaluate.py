@@ -62,7 +62,7 @@ def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on() -> N
             np.argmax(actor.run(["logits"], {k: obs[k][None] for k in INPUTS if k in names})[0][0])
         )
         assert act(env, i) == direct, i
-        busy += int(obs["running_mask"].sum() > 0)
+        busy += int(obs["queue_mask"].sum() > 0)
         _, done = env.step(direct)
         i += 1
     assert busy > 100  # the queues were not empty: the features were exercised

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from edgeroute.qos.config import TrainConfig
-from edgeroute.qos.export import example, export_actor, parity
-from edgeroute.qos.model import QoSNet
+from edgeroute.qos.export import example, export_actor, load_actor, parity
+from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import train
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
@@ -58,6 +58,42 @@ def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str)
     net = QoSNet(encoder)
     export_actor(net, tmp_path / "actor.onnx")
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
+
+
+def test_queue_attention_is_each_relations_node_attention() -> None:
+    """Batching the running and waiting queues, and folding the embedding into the
+    keys and values, computes what the two NodeAttention modules would on embedded
+    requests, empty queues included."""
+    torch.manual_seed(0)
+    run, wait, embed = NodeAttention(32, 2), NodeAttention(32, 2), torch.nn.Linear(6, 32)
+    obs = example(8, 5, seed=3)
+    target = torch.randn(8, 5, 32)
+    queues, mask = torch.from_numpy(obs["queues"]), torch.from_numpy(obs["queue_mask"])
+    mask[:, 0, 1] = 0.0  # an expert with nothing waiting
+    with torch.no_grad():
+        got = queue_attention((run, wait), target, queues, mask, embed)
+        want = torch.stack(
+            [m(target, embed(queues[:, :, r]), mask[:, :, r]) for r, m in enumerate((run, wait))],
+            dim=2,
+        )
+    assert torch.allclose(got, want, atol=1e-5)
+    assert got[:, 0, 1].abs().max() == 0.0
+
+
+@pytest.mark.parametrize("variant", ["full", "baseline"])
+def test_an_exported_actor_reads_back_into_pytorch(tmp_path: Path, variant: str) -> None:
+    config = TrainConfig(variant=variant)
+    torch.manual_seed(1)
+    net = QoSNet(config.sac().encoder, config.hidden, config.heads, config.layers)
+    export_actor(net, tmp_path / "actor.onnx")
+    back = load_actor(tmp_path / "actor.onnx", vars(config))
+    obs = example(16, 6, seed=4)
+    assert np.allclose(logits(net.eval(), obs), logits(back.eval(), obs), atol=1e-6)
+    other = "baseline" if variant == "full" else "full"
+    with pytest.raises(ValueError, match=r"no weights|do not fit"):
+        load_actor(tmp_path / "actor.onnx", {**vars(config), "variant": other})
+    with pytest.raises(ValueError, match="do not fit"):
+        load_actor(tmp_path / "actor.onnx", {**vars(config), "hidden": 16})
 
 
 def tiny(**kw: object) -> TrainConfig:

@@ -24,6 +24,7 @@ def test_the_predictor_beats_the_majority_bucket_and_exports(tmp_path: Path) -> 
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
-    ids = np.stack([hashed_ids("Write a function that reverses a list.")] * 2)
-    score, length = session.run(None, {"ids": ids, "expert": np.array([0, 5])})
-    assert score.shape == (2, 10) and length.shape == (2, 10)
+    ids = hashed_ids("Write a function that reverses a list.")[None]
+    score, length = session.run(None, {"ids": ids, "expert": np.array([0, 5, 0])})
+    assert score.shape == (3, 10) and length.shape == (3, 10)
+    assert np.array_equal(score[0], score[2]) and not np.array_equal(score[0], score[1])

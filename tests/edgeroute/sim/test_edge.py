@@ -147,8 +147,8 @@ def test_observation_shapes_and_masks() -> None:
     for _ in range(7):
         env.step(1)
     obs = env.observe()
-    assert obs["experts"].shape == (1, 6) and obs["running"].shape == (1, 5, 6)
-    assert obs["running_mask"].sum() == 5 and obs["waiting_mask"].sum() == 2
+    assert obs["experts"].shape == (1, 6) and obs["queues"].shape == (1, 2, 5, 6)
+    assert obs["queue_mask"][0, 0].sum() == 5 and obs["queue_mask"][0, 1].sum() == 2  # run, wait
     assert obs["experts"][0, 1] == pytest.approx(1.0)
     assert obs["experts"][0, 2] == pytest.approx(0.4)
 
