@@ -72,6 +72,8 @@ class ScorePredictor:
         key = tuple(experts)
         rows = self._rows.get(key)
         if rows is None:
+            if len(self._rows) >= 256:  # candidate sets come and go with health
+                self._rows.clear()
             unique = list(dict.fromkeys(experts))
             where = [unique.index(e) for e in experts]
             rows = self._rows[key] = (np.array(unique, np.int64), where)

@@ -3,7 +3,9 @@
 Every trained agent is the gateway's own `qos_drl` policy object (its ONNX actor and
 predictor, onnxruntime), driven through the `ClusterView` the gateway builds
 (`edgeroute.qos.evaluate.served`), on the same arrivals and seeds as BR (the
-BERT-router baseline: best predicted score), RR, SQF and the gateway's `least_load`.
+BERT-router baseline: best predicted score), RR, SQF, SQF with ties broken by the
+predicted score, and the gateway's `least_load`; and, as a reference that is no
+contender, SQF with ties broken by the true score.
 Predictions are the served predictor's real outputs, and the prompts are the
 evaluation split, which neither the predictor nor the agent trained on. Settings: the
 paper's default (N=6, lambda=5, L=30 ms), sweeps of N, lambda and L, and arrivals from
@@ -21,7 +23,7 @@ import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
-from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
+from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import (
     HELD_OUT_HARDWARE,
@@ -70,6 +72,7 @@ def main(
         name: [QoSDRL(d) for d in dirs] for name, dirs in models.items()
     }
     policies: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
+    policies.update({k: [v] for k, v in REFERENCES.items()})
     policies.update({name: [served(a) for a in runs] for name, runs in agents.items()})
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")
 
@@ -115,6 +118,7 @@ def main(
                     "setting": label,
                     "policy": name if len(runs) == 1 else f"{name} ({len(runs)} seeds)",
                     "agent": name in agents,
+                    "reference": name in REFERENCES,
                     "qos": interval(qos)[0],
                     "qos_ci": shown(qos),
                     "latency_ms": statistics.fmean(x.latency_ms for x in scores),
@@ -124,7 +128,9 @@ def main(
                 }
             )
         here = [r for r in rows if r["setting"] == label]
-        best = max((r for r in here if not r["agent"]), key=lambda r: r["qos"])
+        best = max(
+            (r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"]
+        )
         for r in here:
             if r["agent"]:
                 r["against_best"] = verdict(r["per_seed_qos"], best["per_seed_qos"])
@@ -153,7 +159,9 @@ def main(
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "
-        "heuristic's."
+        "heuristic's. `SQF+truth` reads each model's real score on the request: it is "
+        "not a contender (no router has it) but shows what the same rule gains from "
+        "perfect predictions, against `SQF+predicted` with the served ones."
     ]
     if latency:
         notes.append(
@@ -203,7 +211,15 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
             next((r["qos"] for r in rows if r["setting"] == s and r["policy"] == p), 0.0)
             for s in settings
         ]
-        ax.bar(np.arange(len(settings)) + i * width, vals, width, label=p)
+        reference = any(r["policy"] == p and r.get("reference") for r in rows)
+        ax.bar(
+            np.arange(len(settings)) + i * width,
+            vals,
+            width,
+            label=p,
+            hatch="//" if reference else None,
+            fill=not reference,
+        )
     ax.set_xticks(np.arange(len(settings)) + 0.4, settings, rotation=30, fontsize=8)
     ax.set_ylabel("average QoS")
     ax.legend(fontsize=8)

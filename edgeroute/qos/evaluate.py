@@ -39,13 +39,25 @@ def round_robin(env: EdgeEnv, i: int) -> int:
     return 1 + i % env.n
 
 
+def queue_length(env: EdgeEnv, n: int) -> int:
+    e = env.experts[n]
+    return len(e.running) + len(e.fresh) + len(e.waiting)
+
+
 def shortest_queue(env: EdgeEnv, i: int) -> int:
-    return 1 + min(
-        range(env.n),
-        key=lambda n: (
-            len(env.experts[n].running) + len(env.experts[n].waiting) + len(env.experts[n].fresh)
-        ),
-    )
+    return 1 + min(range(env.n), key=lambda n: queue_length(env, n))
+
+
+def shortest_queue_by(score: Callable[[EdgeEnv, int], float]) -> Policy:
+    """SQF whose ties among the shortest queues go to the expert with the best
+    `score` of the arrived request."""
+
+    def act(env: EdgeEnv, i: int) -> int:
+        lengths = [queue_length(env, n) for n in range(env.n)]
+        low = min(lengths)
+        return 1 + max((n for n in range(env.n) if lengths[n] == low), key=lambda n: score(env, n))
+
+    return act
 
 
 def bert_router(env: EdgeEnv, i: int) -> int:
@@ -53,7 +65,20 @@ def bert_router(env: EdgeEnv, i: int) -> int:
     return 1 + max(range(env.n), key=lambda n: env.preds[n][0])
 
 
-BASELINES: dict[str, Policy] = {"BR": bert_router, "RR": round_robin, "SQF": shortest_queue}
+BASELINES: dict[str, Policy] = {
+    "BR": bert_router,
+    "RR": round_robin,
+    "SQF": shortest_queue,
+    # ties broken by the served predictor's score: quality-aware, as cheap as SQF
+    "SQF+predicted": shortest_queue_by(lambda env, n: env.preds[n][0]),
+}
+# Not a contender: it reads each model's true score on the request, which no router
+# has. It shows what better predictions would be worth to the same rule.
+REFERENCES: dict[str, Policy] = {
+    "SQF+truth (reads the truth)": shortest_queue_by(
+        lambda env, n: env.task.scores[env.specs[n].model]
+    ),
+}
 
 
 @dataclass(frozen=True)
