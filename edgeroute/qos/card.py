@@ -103,8 +103,8 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         + ", ".join(f"`{c}`" for c in sorted({r.get("commit", "unknown") for r in runs.values()}))
         + "; "
         + (
-            "the actors were then re-exported from their checkpoints with the current graph "
-            "(same weights; `reexport_parity_max_abs` in each record)"
+            "the actors were then re-exported with the current graph, same weights "
+            "(`reexport_note` and `reexport_parity_max_abs` in each record)"
             if any("reexport_note" in r for r in runs.values())
             else "exported as trained"
         )
@@ -153,7 +153,10 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         rows = bench["results"]
         for setting in dict.fromkeys(r["setting"] for r in rows):
             here = [r for r in rows if r["setting"] == setting]
-            best = max((r for r in here if not r.get("agent")), key=lambda r: r["qos"])
+            best = max(
+                (r for r in here if not r.get("agent") and not r.get("reference")),
+                key=lambda r: r["qos"],
+            )
             for r in here:
                 if r.get("agent"):
                     lines.append(
