@@ -116,6 +116,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
+    q.add_argument("--seeds", type=int, default=3, help="with --live: seeds")
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -281,7 +282,7 @@ def _qos(a: argparse.Namespace) -> None:
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
-        live(a.quick, a.seed, a.json, runs, a.requests)
+        live(a.quick, a.seed, a.json, runs, a.requests, n_seeds=a.seeds)
         return
     main(a.quick, a.seed, a.json, runs, a.trace)
 

@@ -116,15 +116,17 @@ def main(
     rate: float = 5.0,
     speedup: float = 10.0,
     latency_ms: float = 30.0,
+    n_seeds: int = 3,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
-    prompts and instants per seed; an agent's k-th training run serves seed k."""
+    prompts and instants per seed; seed k is served by an agent's training run k
+    (modulo its number of runs)."""
     from edgeroute.bench.qos import trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
     models = models or trained_runs()
-    seeds = [seed + i for i in range(1 if quick else 3)]
+    seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
     pool = load_tasks(data_dir, split="eval")
     rows: list[dict[str, Any]] = []
@@ -152,12 +154,16 @@ def main(
                 flush=True,
             )
     summary = []
+    reference = {r["seed"]: r["qos"] for r in rows if r["policy"] == "least_load"}
     for name in dict.fromkeys(r["policy"] for r in rows):
         mine = [r for r in rows if r["policy"] == name]
         summary.append(
             {
                 "policy": name,
                 "qos_ci": shown([r["qos"] for r in mine]),
+                "minus_least_load": shown([r["qos"] - reference[r["seed"]] for r in mine])
+                if name != "least_load"
+                else "",
                 "met_share_ci": shown([r["met_share"] for r in mine]),
                 "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
                 "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
@@ -167,7 +173,8 @@ def main(
     write(
         "qos_live",
         {
-            "command": "edgeroute bench qos --live" + (" --quick" if quick else ""),
+            "command": "edgeroute bench qos --live"
+            + (" --quick" if quick else f" --seeds {n_seeds}"),
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,
@@ -176,7 +183,15 @@ def main(
             "models": {k: [str(d) for d in v] for k, v in models.items()},
         },
         summary,
-        ["policy", "qos_ci", "met_share_ci", "drop_rate", "latency_ms", "requests"],
+        [
+            "policy",
+            "qos_ci",
+            "minus_least_load",
+            "met_share_ci",
+            "drop_rate",
+            "latency_ms",
+            "requests",
+        ],
         json_path,
         notes=(
             f"Through the gateway: six emulated workers (the six open RouterBench models, "
@@ -184,8 +199,9 @@ def main(
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
             f"{latency_ms:g} ms. QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "
-            "scores 0. `met_share`: requests answered within L. Intervals are over the "
-            "seeds; an agent's k-th training run serves seed k."
+            "scores 0. `met_share`: requests answered within L. `minus_least_load`: the "
+            "QoS difference from least-load, paired by seed. Intervals are over the "
+            "seeds; seed k is served by an agent's training run k (modulo its runs)."
         ),
         quick=quick,
     )

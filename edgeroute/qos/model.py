@@ -64,25 +64,36 @@ def queue_attention(
     [B, N, H], queues [B, N, R, K, H], mask [B, N, R, K] -> [B, N, R, H]. `embed`, if
     given, is the linear embedding the queues (then raw features) have yet to go
     through: it is folded into the key and value projections. The served graph's cost
-    is mostly its operations on queue-sized tensors, hence one batched product per
-    projection and no separate embedding."""
+    is mostly its operations on queue-sized tensors, hence one product per projection
+    for both queues and no separate embedding."""
 
     def stacked(name: str) -> tuple[Tensor, Tensor]:
         layers: list[nn.Linear] = [getattr(r, name) for r in relations]
         weight = torch.stack([x.weight.T for x in layers])  # [R, H, H]
-        return weight, torch.stack([x.bias for x in layers]).unsqueeze(-2)  # [R, 1, H]
+        return weight, torch.stack([x.bias for x in layers])  # [R, H]
 
     (wq, bq), (wk, bk), (wv, bv) = stacked("q"), stacked("k"), stacked("v")
     if embed is not None:  # (x W_e + b_e) W + b = x (W_e W) + (b_e W + b)
         w_e, b_e = embed.weight.T, embed.bias
-        wk, bk = w_e @ wk, (b_e @ wk).unsqueeze(-2) + bk
-        wv, bv = w_e @ wv, (b_e @ wv).unsqueeze(-2) + bv
+        wk, bk = w_e @ wk, b_e @ wk + bk
+        wv, bv = w_e @ wv, b_e @ wv + bv
     first = relations[0]
-    q = target[:, :, None, None, :] @ wq + bq  # [B, N, R, 1, H]
+    if torch.onnx.is_in_onnx_export():
+        # onnxruntime runs broadcast MatMuls faster than Einsum here (75 against 79 us
+        # for the actor at N=12) ...
+        q = target[:, :, None, None, :] @ wq + bq[:, None, :]  # [B, N, R, 1, H]
+        keys = queues @ wk + bk[:, None, :]  # [B, N, R, K, H]
+        values = queues @ wv + bv[:, None, :]
+    else:
+        # ... and autograd einsum twice as fast as broadcast products (each relation's
+        # weights stay one matrix instead of being expanded per expert).
+        q = (torch.einsum("bnh,rhg->bnrg", target, wq) + bq).unsqueeze(-2)
+        keys = torch.einsum("bnrkd,rdh->bnrkh", queues, wk) + bk[:, None, :]
+        values = torch.einsum("bnrkd,rdh->bnrkh", queues, wv) + bv[:, None, :]
     m = mask.unsqueeze(-1)  # [B, N, R, K, 1]
-    scores = (q * (queues @ wk + bk)) @ first.scaled + (1.0 - m) * NEG
+    scores = (q * keys) @ first.scaled + (1.0 - m) * NEG
     attn = torch.softmax(scores, dim=-2) * m  # [B, N, R, K, heads]
-    out: Tensor = ((attn @ first.member.T) * (queues @ wv + bv)).sum(-2)
+    out: Tensor = ((attn @ first.member.T) * values).sum(-2)
     return out
 
 
