@@ -57,14 +57,6 @@ class ExpertSnapshot:
     def waiting(self) -> int:
         return self.count - self.running
 
-    @property
-    def queue(self) -> np.ndarray:
-        """The kept rows, running then waiting, with column 5 in seconds per token."""
-        rows = self.packed[self.packed[..., _PRESENT] > 0]
-        out = rows[:, :F_REQ].copy()
-        out[:, 5] = np.maximum(0.0, self.now - rows[:, _STARTED]) / rows[:, _PER_TOKEN]
-        return out
-
 
 # A backend's requests change only when the gateway rebuilds its view of it; between
 # rebuilds the same tuple comes back, and its packed rows can be reused as they are.

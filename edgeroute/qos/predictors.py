@@ -63,11 +63,18 @@ class Predictor(nn.Module):
         self.length = nn.Linear(hidden, BUCKETS)
 
     def forward(self, text: Tensor, expert: Tensor) -> tuple[Tensor, Tensor]:
-        if self.embed is not None:  # text: hashed ids [B, T]
-            mask = (text > 0).float().unsqueeze(-1)
-            vec = (self.embed(text) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        else:  # text: sentence embeddings [B, D]
-            vec = text
+        return self.heads(self.pool(text), expert)
+
+    def pool(self, text: Tensor) -> Tensor:
+        """Hashed ids [B, T] mean-pooled over the non-padding ones, or sentence
+        embeddings [B, D] as they are."""
+        if self.embed is None:
+            return text
+        mask = (text > 0).float().unsqueeze(-1)
+        out: Tensor = (self.embed(text) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return out
+
+    def heads(self, vec: Tensor, expert: Tensor) -> tuple[Tensor, Tensor]:
         h = self.body(torch.cat([vec, self.expert(expert)], dim=-1))
         return self.score(h), self.length(h)
 
@@ -82,13 +89,8 @@ class PerRequest(nn.Module):
         self.net = net
 
     def forward(self, ids: Tensor, expert: Tensor) -> tuple[Tensor, Tensor]:
-        net = self.net
-        assert net.embed is not None
-        mask = (ids > 0).float().unsqueeze(-1)
-        vec = (net.embed(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [1, D]
-        rows = net.expert(expert)
-        h = net.body(torch.cat([vec.expand(rows.shape[0], -1), rows], dim=-1))
-        return net.score(h), net.length(h)
+        vec = self.net.pool(ids)  # [1, D]
+        return self.net.heads(vec.expand(expert.shape[0], -1), expert)
 
 
 def export_predictor(net: Predictor, path: Path) -> None:

@@ -20,7 +20,7 @@ from edgeroute.sim.edge import (
     prompt_share,
 )
 from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
-from policies.qos_state import INPUTS, FeatureCache, snapshot
+from policies.qos_state import INPUTS, ExpertSnapshot, FeatureCache, encode, snapshot
 from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
 from tests.support import DATA_DIR, needs_data
 
@@ -87,12 +87,20 @@ def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
     assert first.kv_capacity_tokens == env.specs[0].memory_tokens
 
 
+def queue_rows(snap: ExpertSnapshot) -> np.ndarray:
+    """The actor's rows for one expert: [running, waiting] x 5, column 5 in seconds
+    per token (L = 1 s)."""
+    rows: np.ndarray = encode(0, [(0.0, 0.0)], [snap], 1.0)["queues"][0]
+    return rows
+
+
 def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None:
     reqs = tuple(InflightRequest(100, float(t), 5) for t in range(7))
     b = BackendView(id="a", running=2, waiting=5, stats_age=0.5, requests=reqs)
     snap = snapshot(b, now=10.0, stale_after=5.0)
     assert (snap.running, snap.waiting) == (2, 5)
-    assert snap.queue[: snap.running, 5].tolist() == [2.0, 1.8]  # the oldest two
+    running = queue_rows(snap)[0]
+    assert np.array_equal(running[:, 5], np.float32([2.0, 1.8, 0, 0, 0]))  # the oldest two
     unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
     stale = snapshot(unknown, now=10.0, stale_after=5.0)
     assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at the batch
@@ -106,10 +114,8 @@ def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:
     cache: FeatureCache = {}
     first = snapshot(b, now=10.0, stale_after=5.0, cache=cache)
     later = snapshot(b, now=20.0, stale_after=5.0, cache=cache)
-    assert later.queue[0, 5] == 4.0 and first.queue[0, 5] == 2.0
+    assert queue_rows(later)[0, 0, 5] == 4.0 and queue_rows(first)[0, 0, 5] == 2.0
     moved = replace(b, requests=tuple(InflightRequest(100, float(t), 10) for t in range(3)))
-    assert snapshot(moved, now=20.0, stale_after=5.0, cache=cache).queue[0, 4] == 10 / 300
-    assert np.array_equal(
-        snapshot(moved, now=20.0, stale_after=5.0).queue,
-        snapshot(moved, now=20.0, stale_after=5.0, cache=cache).queue,
-    )
+    cached = queue_rows(snapshot(moved, now=20.0, stale_after=5.0, cache=cache))
+    assert cached[0, 0, 4] == np.float32(10 / 300)
+    assert np.array_equal(queue_rows(snapshot(moved, now=20.0, stale_after=5.0)), cached)
