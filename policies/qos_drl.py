@@ -167,11 +167,9 @@ class QoSDRL:
         obs = encode(
             req.prompt_tokens,
             preds,
-            [
-                snapshot(b, req.now, view.stale_after, self.running_cap, self._features)
-                for b in candidates
-            ],
+            [snapshot(b, view.stale_after, self.running_cap, self._features) for b in candidates],
             self.latency,
+            req.now,
         )
         feeds: dict[str, Any] = {k: obs[k][None] for k in self._inputs}
         logits: np.ndarray = self._actor.run(["logits"], feeds)[0][0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,17 +39,16 @@ _STARTED, _PER_TOKEN, _PRESENT = F_REQ, F_REQ + 1, F_REQ + 2
 
 @dataclass(frozen=True, slots=True)
 class ExpertSnapshot:
-    """One expert's state at `now`: its memory use and its in-flight requests, oldest
-    first, packed as [running, waiting] x QUEUE_CAP rows of eq. 6's features (column 5,
-    the latency per token so far, is filled by `encode`, which knows L) plus when each
-    request started, its tokens so far and a presence flag. `running` and `count` are
-    the true numbers, which may exceed the rows kept."""
+    """One expert's state: its memory use and its in-flight requests, oldest first,
+    packed as [running, waiting] x QUEUE_CAP rows of eq. 6's features (column 5, the
+    latency per token so far, is filled by `encode`, which knows L and the clock) plus
+    when each request started, its tokens so far and a presence flag. `running` and
+    `count` are the true numbers, which may exceed the rows kept."""
 
     memory: float  # e_{n,t}
     packed: np.ndarray  # [2, QUEUE_CAP, F_REQ + 3]
     running: int
     count: int
-    now: float
     token_latency: float = 0.0  # s per token of its recent requests (0: none yet)
     running_cap: int = 5
     waiting_cap: int = 5
@@ -58,9 +58,18 @@ class ExpertSnapshot:
         return self.count - self.running
 
 
-# A backend's requests change only when the gateway rebuilds its view of it; between
-# rebuilds the same tuple comes back, and its packed rows can be reused as they are.
-FeatureCache = dict[str, tuple[object, int, int, np.ndarray]]
+class _Cached(NamedTuple):
+    view: BackendView
+    requests: object
+    kv_capacity_tokens: int
+    batch: int
+    snapshot: ExpertSnapshot
+
+
+# A backend's view is rebuilt only when its load changes; between rebuilds the same
+# object comes back and its snapshot holds as it is, and while its requests are the
+# same tuple their packed rows hold.
+FeatureCache = dict[str, _Cached]
 
 
 TOKEN_LATENCY_WEIGHT = 0.2
@@ -102,31 +111,33 @@ def _packed(b: BackendView, batch: int) -> np.ndarray:
 
 def snapshot(
     b: BackendView,
-    now: float,
     stale_after: float,
     running_cap: int = 5,
     cache: FeatureCache | None = None,
 ) -> ExpertSnapshot:
     """One backend's state: its in-flight requests, oldest first, with their progress.
     The oldest are the running batch: as many as the engine reports running when its
-    figures are fresh, else up to the batch cap. `cache` keeps each backend's rows
-    between calls while its view is unchanged."""
+    figures are fresh, else up to the batch cap. `cache` keeps each backend's snapshot
+    while its view is the same object, and its rows while its requests are."""
+    found = cache.get(b.id) if cache is not None else None
+    if found is not None and found.view is b:
+        return found.snapshot
     fresh = b.stats_age <= stale_after
     count = len(b.requests)
     batch = min(b.running if fresh else running_cap, running_cap, count)
-    found = cache.get(b.id) if cache is not None else None
     if (
         found is not None
-        and found[0] is b.requests
-        and found[1] == b.kv_capacity_tokens
-        and found[2] == batch
+        and found.requests is b.requests
+        and found.kv_capacity_tokens == b.kv_capacity_tokens
+        and found.batch == batch
     ):
-        packed = found[3]
+        packed = found.snapshot.packed
     else:
         packed = _packed(b, batch)
-        if cache is not None:
-            cache[b.id] = (b.requests, b.kv_capacity_tokens, batch, packed)
-    return ExpertSnapshot(b.kv_usage, packed, batch, count, now, b.token_latency)
+    snap = ExpertSnapshot(b.kv_usage, packed, batch, count, b.token_latency)
+    if cache is not None:
+        cache[b.id] = _Cached(b, b.requests, b.kv_capacity_tokens, batch, snap)
+    return snap
 
 
 def encode(
@@ -134,10 +145,11 @@ def encode(
     preds: Sequence[tuple[float, float]],
     experts: Sequence[ExpertSnapshot],
     latency_req: float,
+    now: float,
     n_max: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Dense, padded arrays for one decision. `preds[n]` is (score, length) on expert n;
-    every snapshot is taken at the same instant."""
+    """Dense, padded arrays for one decision at `now`. `preds[n]` is (score, length) on
+    expert n."""
     n = len(experts)
     n_max = n_max or n
     arrived = np.zeros(F_REQ, np.float32)
@@ -166,7 +178,7 @@ def encode(
         ]
         rows = packed[:n]
         np.stack([e.packed for e in experts], out=rows)
-        elapsed = np.maximum(0.0, experts[0].now - rows[..., _STARTED])
+        elapsed = np.maximum(0.0, now - rows[..., _STARTED])
         per_token = elapsed / rows[..., _PER_TOKEN] / latency_req  # in multiples of L
         rows[..., 5] = np.minimum(5.0, per_token) * rows[..., _PRESENT]
     return {

@@ -5,6 +5,10 @@ An asyncio protocol speaking just enough HTTP/1.1 keep-alive: `POST
 (default 16), as one JSON body or as SSE chunks; `GET /v1/models`, `/health` and a
 vLLM-style `/metrics` let the gateway discover and scrape it. It runs on uvloop when
 installed: `python -m bench.fast_backend --port 8101 --model instant`.
+
+With `--hold-ms`, each completion is answered that long after it arrived, and
+`/metrics` reports the ones held: the first `--batch` as running, the rest as waiting,
+as an engine with a full batch would. That keeps the gateway's queues full.
 """
 
 from __future__ import annotations
@@ -40,10 +44,27 @@ def _content_length(head: bytes) -> int:
     return int(head[i + 15 : j if j >= 0 else len(head)])
 
 
+class Held:
+    """Completions answered late, shared by every connection of one backend."""
+
+    def __init__(self, seconds: float, batch: int) -> None:
+        self.seconds = seconds
+        self.batch = batch
+        self.count = 0
+
+    def metrics(self) -> bytes:
+        running = min(self.count, self.batch)
+        return (
+            b"vllm:num_requests_running %d\nvllm:num_requests_waiting %d\n"
+            b"vllm:kv_cache_usage_perc %.3f\n" % (running, self.count - running, running / 10)
+        )
+
+
 class Backend(asyncio.Protocol):
-    def __init__(self, models: list[str]) -> None:
+    def __init__(self, models: list[str], held: Held | None = None) -> None:
         self.models = models
         self.model = models[0]
+        self.held = held or Held(0.0, 5)
         self.buffer = b""
         self.transport: asyncio.WriteTransport | None = None
 
@@ -63,7 +84,22 @@ class Backend(asyncio.Protocol):
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
             assert self.transport is not None
-            self.transport.write(self.answer(head.split(b" ", 2)[1], body))
+            path = head.split(b" ", 2)[1]
+            if self.held.seconds and path in (b"/v1/chat/completions", b"/v1/completions"):
+                # One request at a time per connection (no pipelining), so answers keep
+                # their order.
+                self.held.count += 1
+                asyncio.get_running_loop().call_later(
+                    self.held.seconds, self.release, self.answer(path, body)
+                )
+            else:
+                self.transport.write(self.answer(path, body))
+
+    def release(self, answer: bytes) -> None:
+        self.held.count -= 1
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(answer)
 
     def answer(self, path: bytes, body: bytes) -> bytes:
         if path in (b"/v1/chat/completions", b"/v1/completions"):
@@ -101,12 +137,7 @@ class Backend(asyncio.Protocol):
         if path == b"/health":
             return _response("200 OK", b"{}")
         if path == b"/metrics":
-            return _response(
-                "200 OK",
-                b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                b"vllm:kv_cache_usage_perc 0\n",
-                b"text/plain",
-            )
+            return _response("200 OK", self.held.metrics(), b"text/plain")
         return _response("404 Not Found", b'{"error":{"message":"not found"}}')
 
     def stream(self, tokens: int, chat: bool) -> bytes:
@@ -125,9 +156,9 @@ class Backend(asyncio.Protocol):
         )
 
 
-async def serve(host: str, port: int, models: list[str]) -> None:
+async def serve(host: str, port: int, models: list[str], held: Held) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Backend(models), host, port, backlog=1024)
+    server = await loop.create_server(lambda: Backend(models, held), host, port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -137,10 +168,12 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8101)
     p.add_argument("--model", default="instant", help="model names it serves, comma-separated")
+    p.add_argument("--hold-ms", type=float, default=0.0, help="answer completions this late")
+    p.add_argument("--batch", type=int, default=5, help="held requests reported as running")
     a = p.parse_args()
     from gateway.serving import run
 
-    run(serve(a.host, a.port, a.model.split(",")))
+    run(serve(a.host, a.port, a.model.split(","), Held(a.hold_ms / 1000.0, a.batch)))
 
 
 if __name__ == "__main__":

@@ -5,12 +5,17 @@ The load generator and the backends share CPU 0; the gateway gets CPU 1 (the
 method of the peers harness in shared/bench-peers). Each round measures the
 direct path and the gateway under each policy, interleaved; the table gives
 medians over rounds. Non-streaming requests of 16 tokens; TTFT with 8 streams.
+
+A second phase measures the decision on the request path where it costs most: 12
+backends, each serving another of the QoS predictor's models and holding every answer
+(`--hold-ms`), kept full by more clients than their queues hold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -25,11 +30,15 @@ from typing import Any
 import yaml
 
 from edgeroute.bench.loadgen import closed_loop, cpu_seconds, percentile, post
-from edgeroute.results_io import Plot, write
+from edgeroute.results_io import Plot, table, write
 
 MODEL = "instant"
 MODELS = "instant,llama-2-70b-chat"
 LOAD_CPU, GATEWAY_CPU = 0, 1
+# The full-queue phase: 12 backends (the QoS paper's largest N) answering 200 ms late,
+# 15 clients each, so that each holds more than its 5 running + 5 waiting.
+FULL_BACKENDS, FULL_HOLD_MS, FULL_CLIENTS = 12, 200.0, 180
+FULL_TARGETS = ("least_load", "qos_drl")
 
 
 def pin(cpu: int) -> None:
@@ -212,6 +221,111 @@ async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float
     return out
 
 
+def inflight_per_backend(port: int) -> float:
+    """The gateway's in-flight requests per backend, averaged over backends."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    counts = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("edgeroute_inflight_requests{")
+    ]
+    return statistics.fmean(counts) if counts else 0.0
+
+
+async def measure_full(port: int, seconds: float) -> dict[str, float]:
+    """Decisions while every backend's queue is full: the gateway's own histogram over
+    the phase, the in-flight requests per backend sampled through it, and the share
+    of requests the policy shed."""
+    from edgeroute.bench.policies import MEDIAN_PROMPT
+
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": MEDIAN_PROMPT}],
+            "max_tokens": 16,
+        }
+    ).encode()
+    before = DecisionHistogram.read(port)
+    depth: list[float] = []
+
+    async def sample() -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            depth.append(await asyncio.to_thread(inflight_per_backend, port))
+
+    sampler = asyncio.create_task(sample())
+    try:
+        raw = post("/v1/chat/completions", body)
+        run = await closed_loop("127.0.0.1", port, raw, FULL_CLIENTS, seconds)
+    finally:
+        sampler.cancel()
+    decisions = DecisionHistogram.read(port).since(before)
+    answered = sum(run.statuses.values())
+    return {
+        "decisions": decisions.count,
+        "inflight_per_backend": statistics.fmean(depth[2:] or depth or [0.0]),
+        "shed_pct": 100.0 * run.statuses.get(503, 0) / max(1, answered),
+        "decision_us": decisions.mean() * 1e6,
+        "decision_p50_us": decisions.quantile(0.5) * 1e6,
+        "decision_p99_us": decisions.quantile(0.99) * 1e6,
+    }
+
+
+def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[dict[str, Any]]:
+    """`targets` behind the gateway, one at a time per round, on `FULL_BACKENDS`
+    backends that hold every answer; medians over rounds."""
+    from policies.qos_drl import DEFAULT_MODEL_DIR
+
+    models = json.loads((DEFAULT_MODEL_DIR / "predictor.json").read_text())["models"]
+    port = 18620
+    ports = [port + 1 + i for i in range(FULL_BACKENDS)]
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edgeroute.bench.fast_backend",
+                "--port",
+                str(p),
+                "--model",
+                f"{MODEL},{models[i % len(models)]}",
+                "--hold-ms",
+                str(FULL_HOLD_MS),
+            ],
+            preexec_fn=lambda: pin(LOAD_CPU),
+        )
+        for i, p in enumerate(ports)
+    ]
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    samples: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+    try:
+        for b in backends:
+            wait_ready(b + "/health")
+        for r in range(rounds):
+            for target in targets if r % 2 == 0 else targets[::-1]:
+                print(f"full queues, round {r + 1}/{rounds}: {target}", flush=True)
+                gw = start_gateway(port, backends, target)
+                try:
+                    samples[target].append(asyncio.run(measure_full(port, seconds)))
+                finally:
+                    gw.terminate()
+                    gw.wait(10)
+    finally:
+        for w in workers:
+            w.terminate()
+            w.wait(10)
+    return [
+        {
+            "phase": "full_queues",
+            "policy": t,
+            "backends": FULL_BACKENDS,
+            **{k: round(statistics.median(s[k] for s in runs), 3) for k in runs[0]},
+        }
+        for t, runs in samples.items()
+    ]
+
+
 def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> None:
     pin(LOAD_CPU)
     rounds, seconds = (1, 2.0) if quick else (3, 8.0)
@@ -258,6 +372,8 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         for w in workers:
             w.terminate()
             w.wait(10)
+    full_targets = [t for t in policies if t in FULL_TARGETS]
+    full = full_queue_phase(rounds, seconds, full_targets) if full_targets else []
     med = {
         t: {k: statistics.median(s[k] for s in runs) for k in runs[0]}
         for t, runs in samples.items()
@@ -284,8 +400,13 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
             "seconds": seconds,
             "seed": seed,
             "backend": "2 bench.fast_backend processes, 16 tokens",
+            "full_queues": {
+                "backends": FULL_BACKENDS,
+                "hold_ms": FULL_HOLD_MS,
+                "clients": FULL_CLIENTS,
+            },
         },
-        rows,
+        rows + full,
         [
             "policy",
             "c1_p50_ms",
@@ -306,6 +427,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         ],
         json_path,
         quick=quick,
+        table_rows=rows,
         plot=Plot(
             "policy",
             ("added_c1_p50_ms", "c32_rps", "cpu_us_per_req"),
@@ -316,5 +438,32 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         "by the backend and load generator sharing CPU 0, so it is a lower bound for "
         "the gateway; CPU us/req is the gateway process's own CPU time per request. "
         "Decision figures come from the gateway's own decision histogram over the c=1 "
-        "phase; its percentiles are interpolated within the histogram's buckets.",
+        "phase; its percentiles are interpolated within the histogram's buckets."
+        + (full_queue_notes(full) if full else ""),
+    )
+
+
+def full_queue_notes(full: list[dict[str, Any]]) -> str:
+    return (
+        f"\n\n## Decisions on the request path with full queues\n\n{FULL_BACKENDS} "
+        f"fast backends, each serving another of the QoS predictor's models and answering "
+        f"{FULL_HOLD_MS:g} ms late (reporting what they hold as 5 running, the rest "
+        f"waiting), {FULL_CLIENTS} clients sending the QoS evaluation split's median prompt "
+        "back to back. Figures from the gateway's decision histogram over each run; "
+        "`inflight_per_backend` is the gateway's in-flight gauge sampled every 0.25 s "
+        "(the policy's queues hold 5 running and 5 waiting); `shed_pct`: answers that were "
+        "503.\n\n"
+        + table(
+            full,
+            [
+                "policy",
+                "backends",
+                "decisions",
+                "inflight_per_backend",
+                "shed_pct",
+                "decision_us",
+                "decision_p50_us",
+                "decision_p99_us",
+            ],
+        )
     )

@@ -87,19 +87,22 @@ def measure(policy: str, n: int, calls: int, runs: int, seed: int) -> dict[str, 
 def timed(
     decide: Callable[[RequestInfo, ClusterView], object],
     reqs: Sequence[RequestInfo],
-    view: ClusterView,
+    view: ClusterView | Sequence[ClusterView],
     runs: int,
 ) -> dict[str, float]:
     """Every request decided `runs` times: the median over runs of the per-decision
-    mean, and the p50 and p99 of the last run's individual timings."""
+    mean, and the p50 and p99 of the last run's individual timings. Given several
+    views, the decisions take them in turn."""
+    views = [view] if isinstance(view, ClusterView) else list(view)
     means = []
     samples: list[float] = []
     for _ in range(runs):
         samples = []
         t_run = time.perf_counter()
-        for r in reqs:
+        for i, r in enumerate(reqs):
+            v = views[i % len(views)]
             t0 = time.perf_counter()
-            decide(r, view)
+            decide(r, v)
             samples.append(time.perf_counter() - t0)
         means.append((time.perf_counter() - t_run) / len(reqs))
     samples.sort()
@@ -110,41 +113,47 @@ def timed(
     }
 
 
+# As long as the median prompt of the QoS evaluation split (81 characters).
+MEDIAN_PROMPT = "Write a python function to count the pairs in a list whose sum equals a target."
+
+
 def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None) -> dict[str, Any]:
     """`qos_drl` on N experts with full queues (5 running + 5 waiting each): the
     predictor, the features and the actor, as on the request path. The experts serve
     the predictor's models in turn, as in the QoS simulator, so up to 11 distinct
-    ones are predicted per request."""
+    ones are predicted per request. Between two decisions one backend's view is
+    rebuilt with new progress, as the gateway rebuilds the one it dispatched to."""
     from policies.qos_drl import QoSDRL
 
     policy = policy or QoSDRL()
     experts = policy.predictor.models
-    reqs = tuple(InflightRequest(200, 0.0, 40, 0.5, 150.0) for _ in range(10))
-    view = ClusterView(
-        tuple(
-            BackendView(
-                id=f"e{i}",
-                models=frozenset({"m"}),
-                expert=experts[i % len(experts)],
-                running=5,
-                waiting=5,
-                kv_usage=0.6,
-                kv_capacity_tokens=4096,
-                stats_age=0.0,
-                inflight=10,
-                requests=reqs,
-            )
-            for i in range(n)
+
+    def backend(i: int, generated: int) -> BackendView:
+        return BackendView(
+            id=f"e{i}",
+            models=frozenset({"m"}),
+            expert=experts[i % len(experts)],
+            running=5,
+            waiting=5,
+            kv_usage=0.6,
+            kv_capacity_tokens=4096,
+            stats_age=0.0,
+            inflight=10,
+            requests=tuple(InflightRequest(200, 0.0, generated, 0.5, 150.0) for _ in range(10)),
         )
-    )
-    # As long as the median prompt of the evaluation split (81 characters).
-    prompt = "Write a python function to count the pairs in a list whose sum equals a target."
-    req = RequestInfo("m", 300, prompt=prompt, now=1.0)
+
+    variants = [(backend(i, 40), backend(i, 41)) for i in range(n)]
+    current = [v[0] for v in variants]
+    views = []
+    for j in range(2 * n):  # each view differs from the one before in one backend
+        current[j % n] = variants[j % n][j // n % 2]
+        views.append(ClusterView(tuple(current)))
+    req = RequestInfo("m", 300, prompt=MEDIAN_PROMPT, now=1.0)
     arrivals = [req] * calls
     return {
         "policy": "qos_drl (full queues)",
         "backends": n,
-        **timed(policy.decide, arrivals, view, runs),
+        **timed(policy.decide, arrivals, views, runs),
     }
 
 

@@ -563,7 +563,7 @@ def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
     """The features the gateway's `qos_drl` would build from `cluster_view`."""
     _, view = cluster_view(env, env.decisions)
     experts = [
-        snapshot(b, env.now, view.stale_after, e.spec.running_cap)
+        snapshot(b, view.stale_after, e.spec.running_cap)
         for b, e in zip(view.backends, env.experts, strict=True)
     ]
-    return encode(env.task.prompt_tokens, env.preds, experts, env.L, n_max)
+    return encode(env.task.prompt_tokens, env.preds, experts, env.L, env.now, n_max)

@@ -87,35 +87,39 @@ def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
     assert first.kv_capacity_tokens == env.specs[0].memory_tokens
 
 
-def queue_rows(snap: ExpertSnapshot) -> np.ndarray:
-    """The actor's rows for one expert: [running, waiting] x 5, column 5 in seconds
-    per token (L = 1 s)."""
-    rows: np.ndarray = encode(0, [(0.0, 0.0)], [snap], 1.0)["queues"][0]
+def queue_rows(snap: ExpertSnapshot, now: float) -> np.ndarray:
+    """The actor's rows for one expert at `now`: [running, waiting] x 5, column 5 in
+    seconds per token (L = 1 s)."""
+    rows: np.ndarray = encode(0, [(0.0, 0.0)], [snap], 1.0, now)["queues"][0]
     return rows
 
 
 def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None:
     reqs = tuple(InflightRequest(100, float(t), 5) for t in range(7))
     b = BackendView(id="a", running=2, waiting=5, stats_age=0.5, requests=reqs)
-    snap = snapshot(b, now=10.0, stale_after=5.0)
+    snap = snapshot(b, stale_after=5.0)
     assert (snap.running, snap.waiting) == (2, 5)
-    running = queue_rows(snap)[0]
+    running = queue_rows(snap, now=10.0)[0]
     assert np.array_equal(running[:, 5], np.float32([2.0, 1.8, 0, 0, 0]))  # the oldest two
     unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
-    stale = snapshot(unknown, now=10.0, stale_after=5.0)
+    stale = snapshot(unknown, stale_after=5.0)
     assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at the batch
 
 
 def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:
-    """Rows are kept per backend while its view is the same; their latency still moves
-    with the clock, and a rebuilt view (new progress) replaces them."""
+    """A backend's snapshot is kept while its view is the same; its latency still moves
+    with the clock, and a rebuilt view (new progress, new memory use) replaces it."""
     reqs = tuple(InflightRequest(100, float(t), 5) for t in range(3))
-    b = BackendView(id="a", running=3, stats_age=0.0, requests=reqs)
+    b = BackendView(id="a", running=3, stats_age=0.0, kv_usage=0.1, requests=reqs)
     cache: FeatureCache = {}
-    first = snapshot(b, now=10.0, stale_after=5.0, cache=cache)
-    later = snapshot(b, now=20.0, stale_after=5.0, cache=cache)
-    assert queue_rows(later)[0, 0, 5] == 4.0 and queue_rows(first)[0, 0, 5] == 2.0
+    first = snapshot(b, stale_after=5.0, cache=cache)
+    assert snapshot(b, stale_after=5.0, cache=cache) is first
+    assert queue_rows(first, now=20.0)[0, 0, 5] == 4.0
+    assert queue_rows(first, now=10.0)[0, 0, 5] == 2.0
+    fuller = replace(b, kv_usage=0.7)  # rebuilt, the same requests: rows kept
+    again = snapshot(fuller, stale_after=5.0, cache=cache)
+    assert again.memory == 0.7 and again.packed is first.packed
     moved = replace(b, requests=tuple(InflightRequest(100, float(t), 10) for t in range(3)))
-    cached = queue_rows(snapshot(moved, now=20.0, stale_after=5.0, cache=cache))
+    cached = queue_rows(snapshot(moved, stale_after=5.0, cache=cache), now=20.0)
     assert cached[0, 0, 4] == np.float32(10 / 300)
-    assert np.array_equal(queue_rows(snapshot(moved, now=20.0, stale_after=5.0)), cached)
+    assert np.array_equal(queue_rows(snapshot(moved, stale_after=5.0), now=20.0), cached)
