@@ -229,12 +229,14 @@ class Forwarder:
                     f"status_{resp.status}",
                 )
             echoed = _sent_id(headers) if backend.config.echoes_request_id else None
+            if echoed is not None and not _header_named(resp.raw_headers, echoed):
+                raise _mismatch(bid)
             if not stream or resp.status != 200:
                 body = await resp.read(wait)
                 answer = _parse(body) if 200 <= resp.status < 300 else None
-                if echoed is not None and resp.status == 200 and not _answer_named(answer, echoed):
-                    raise _mismatch(bid)
-                resp.release()
+                # Checked before the connection goes back to the pool: an answer that
+                # is not this request's says the connection is out of step, and the
+                # real one may still be on its way (the `except` below closes it).
                 if answer is _NOT_JSON:
                     raise Retryable(
                         GatewayError(
@@ -244,14 +246,12 @@ class Forwarder:
                         ),
                         "garbage",
                     )
+                if echoed is not None and resp.status == 200 and not _answer_named(answer, echoed):
+                    raise _mismatch(bid)
+                resp.release()
                 return Upstream(backend, resp, body, False, answer=answer)
             events = SSEScanner(self.settings.limits.response_body_bytes)
-            first = await resp.readany(wait)
-            ok = events.feed(first)
-            if ok and resp.ended():
-                ok = events.finish()
-            if echoed is not None and not _named(first, echoed):
-                raise _mismatch(bid)
+            first, ok = await _first_event(resp, events, wait)
             if not ok:
                 raise Retryable(
                     GatewayError(
@@ -261,6 +261,8 @@ class Forwarder:
                     ),
                     "garbage",
                 )
+            if echoed is not None and not _named(first, echoed):
+                raise _mismatch(bid)
             backend.progress_at = time.monotonic()
             return Upstream(backend, resp, first, True, events=events)
         except TimeoutError as exc:
@@ -291,16 +293,46 @@ def _sent_id(headers: list[tuple[bytes, bytes]]) -> bytes:
     return next((v for k, v in headers if k == b"x-request-id"), b"")
 
 
-def _named(chunk: bytes, request_id: bytes) -> bool:
-    """Does a stream's first `id` end with `request_id`? (True when it has none yet.)"""
-    found = _ANSWER_ID.search(chunk)
-    return found is None or found.group(1).endswith(request_id)
+def _header_named(headers: list[tuple[bytes, bytes]], request_id: bytes) -> bool:
+    """Does the answer's own X-Request-Id, if it sent one, say `request_id`?"""
+    for k, v in headers:
+        if k.lower() == b"x-request-id":
+            return v == request_id
+    return True
+
+
+def _named(first: bytes, request_id: bytes) -> bool:
+    """Is a stream's first event named after `request_id`? A backend that promised
+    to name its answers and sent an event without an `id` broke the promise."""
+    found = _ANSWER_ID.search(first)
+    return found is not None and found.group(1).endswith(request_id)
 
 
 def _answer_named(answer: Any, request_id: bytes) -> bool:
-    """Does a whole answer's `id` end with `request_id`? (True when it has none.)"""
+    """Is a whole answer's `id` named after `request_id`?"""
     rid = answer.get("id") if isinstance(answer, dict) else None
-    return not isinstance(rid, str) or rid.encode().endswith(request_id)
+    return isinstance(rid, str) and rid.encode().endswith(request_id)
+
+
+async def _first_event(
+    resp: UpstreamResponse, events: SSEScanner, wait: float
+) -> tuple[bytes, bool]:
+    """A stream's bytes up to its first whole data event (or its end), and whether
+    they are server-sent events. Until then nothing is relayed, so that the answer's
+    name can be checked and a failure can still go to another backend; `wait` bounds
+    each wait for more bytes (the monitor aborts a backend that trickles)."""
+    chunks: list[bytes] = []
+    while True:
+        chunk = await resp.readany(wait)
+        if not chunk:
+            return b"".join(chunks), events.finish()
+        chunks.append(chunk)
+        if not events.feed(chunk):
+            return b"".join(chunks), False
+        if resp.ended():
+            return b"".join(chunks), events.finish()
+        if events.data_events:
+            return b"".join(chunks), True
 
 
 def _ranking(

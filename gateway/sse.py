@@ -14,6 +14,12 @@ _FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
+def _may_be_field(partial: bytes) -> bool:
+    """Can a line that starts with `partial` still be SSE framing?"""
+    head = partial[:7]
+    return head in (b"", b"\r") or any(head.startswith(f) or f.startswith(head) for f in _FIELDS)
+
+
 class SSEScanner:
     """Fed the stream's bytes chunk by chunk; says whether they are SSE framing and
     counts the data events (without `[DONE]`) and the usage a backend reported."""
@@ -34,7 +40,9 @@ class SSEScanner:
         data = self._partial + chunk if self._partial else chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
-        if len(self._partial) > self.max_line:
+        if len(self._partial) > self.max_line or not _may_be_field(self._partial):
+            # A line that cannot become SSE fails now, not when (if ever) it ends:
+            # a JSON body has no newline at all.
             self.valid = False
             return False
         for line in lines:

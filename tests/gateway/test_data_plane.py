@@ -325,3 +325,95 @@ def test_an_answer_named_for_another_request_is_refused(
     assert r.status_code == 502 and "another request" in r.json()["error"]["message"]
     url2, _ = start_gateway([{"url": b.url, "models": [MODEL]}])  # the check is opt-in
     assert httpx.post(url2 + CHAT, json=body, headers={"x-request-id": "mine"}).status_code == 200
+
+
+def _rid(head: bytes) -> str:
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"x-request-id:"):
+            return line.split(b":", 1)[1].strip().decode()
+    return "none"
+
+
+def _named_stream(name: str, with_id: bool = True) -> bytes:
+    chunk: dict[str, Any] = {"object": "chat.completion.chunk", "choices": []}
+    if with_id:
+        chunk["id"] = name
+    return chunked(200, [b"data: " + orjson.dumps(chunk) + b"\n\n", b"data: [DONE]\n\n"])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        _named_stream("chatcmpl-someone-else"),
+        _named_stream("chatcmpl-mine", with_id=False),
+    ],
+    ids=["named-for-another", "unnamed"],
+)
+def test_a_trickled_stream_is_checked_on_its_first_whole_event(
+    hostile: Callable[..., HostileBackend], start_gateway: Start, answer: bytes
+) -> None:
+    """Sent three bytes at a time, the first read holds no name: the gateway reads on
+    to the first whole event before it relays anything."""
+    b = hostile(lambda h, body, n: Play(answer, split=3))
+    url, _ = start_gateway([{"url": b.url, "models": [MODEL], "echoes_request_id": True}])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    r = httpx.post(url + CHAT, json=body, headers={"x-request-id": "mine"}, timeout=60)
+    assert r.status_code == 502 and "another request" in r.json()["error"]["message"]
+
+
+def test_an_answer_naming_another_request_in_its_header_is_refused(
+    hostile: Callable[..., HostileBackend], start_gateway: Start
+) -> None:
+    b = hostile(
+        lambda h, body, n: Play(
+            response(200, orjson.dumps({"id": "chatcmpl-mine"}), b"x-request-id: theirs")
+        )
+    )
+    url, _ = start_gateway([{"url": b.url, "models": [MODEL], "echoes_request_id": True}])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    r = httpx.post(url + CHAT, json=body, headers={"x-request-id": "mine"})
+    assert r.status_code == 502 and "another request" in r.json()["error"]["message"]
+
+
+def test_a_connection_out_of_step_is_never_reused(
+    hostile: Callable[..., HostileBackend], start_gateway: Start
+) -> None:
+    """The backend first answers request `a` with bytes that are not its answer (an
+    event stream to a plain request), then, late, with `a`'s real answer. Had the
+    connection gone back to the pool, request `b` would be sent on it and be handed
+    `a`'s answer; it must get its own, on a new connection."""
+
+    def script(head: bytes, body: bytes, n: int) -> Play:
+        rid = _rid(head)
+        real = response(200, orjson.dumps({"id": f"chatcmpl-{rid}", "choices": []}))
+        if rid == "a":
+            return Play(_named_stream("chatcmpl-a"), late=real, late_after=1.0)
+        return Play(real)
+
+    b = hostile(script)
+    url, _ = start_gateway(
+        [{"url": b.url, "models": [MODEL], "echoes_request_id": True}], retries=0
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    with httpx.Client(timeout=60) as c:
+        first = c.post(url + CHAT, json=body, headers={"x-request-id": "a"})
+        assert first.status_code == 502 and "not JSON" in first.json()["error"]["message"]
+        second = c.post(url + CHAT, json=body, headers={"x-request-id": "b"})
+    assert second.status_code == 200, second.text
+    assert second.json()["id"] == "chatcmpl-b"
+
+
+def test_a_plain_answer_to_a_stream_fails_at_its_first_byte(
+    hostile: Callable[..., HostileBackend], start_gateway: Start
+) -> None:
+    """A JSON body has no newline: had the gateway waited for a whole line to judge
+    it, a body that never ends would hold the request until the idle timeout."""
+    endless = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b'{"id": "x", "choices"'
+    b = hostile(lambda h, body, n: Play(endless))
+    url, _ = start_gateway(
+        [{"url": b.url, "models": [MODEL]}],
+        timeouts={"first_byte": 600, "response": 600, "idle": 600},
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    r = httpx.post(url + CHAT, json=body, timeout=60)
+    assert r.status_code == 502 and "not server-sent events" in r.json()["error"]["message"]
