@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.types import BackendView
+from policies.types import BackendView, InflightRequest
 
 MAX_TOKENS = 300.0
 F_REQ, F_EXPERT = 6, 6
@@ -84,29 +84,35 @@ def token_latency_mix(average: float, latest: float) -> float:
     return (1 - TOKEN_LATENCY_WEIGHT) * average + TOKEN_LATENCY_WEIGHT * latest
 
 
+# An empty row: no request (presence 0), one token so far so that dividing by it is safe.
+_EMPTY_ROW = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
 def _packed(b: BackendView, batch: int) -> np.ndarray:
+    # Plain Python and one array at the end: on the request path numpy's per-call
+    # work runs cold, and a dozen small operations cost more than these few rows.
     reqs = sorted(b.requests, key=lambda r: r.started_at)
-    a = np.array(
-        [(r.prompt_tokens, r.pred_score, r.pred_length, r.generated, r.started_at) for r in reqs],
-        np.float64,
-    ).reshape(len(reqs), 5)
-    rows = np.zeros((len(reqs), F_REQ + 3))
-    rows[:, 0] = a[:, 0] / 1000.0
-    rows[:, 1] = a[:, 1]
-    rows[:, 2] = a[:, 2] / MAX_TOKENS
-    if b.kv_capacity_tokens:
-        rows[:, 3] = (a[:, 0] + a[:, 3]) / max(1, b.kv_capacity_tokens)
-    rows[:, 4] = a[:, 3] / MAX_TOKENS
-    rows[:, _STARTED] = a[:, 4]
-    rows[:, _PER_TOKEN] = np.maximum(1.0, a[:, 3])
-    rows[:, _PRESENT] = 1.0
-    out = np.zeros((2, QUEUE_CAP, F_REQ + 3))
-    out[:, :, _PER_TOKEN] = 1.0
+    capacity = max(1, b.kv_capacity_tokens) if b.kv_capacity_tokens else 0
+
+    def row(r: InflightRequest) -> tuple[float, ...]:
+        g = r.generated
+        return (
+            r.prompt_tokens / 1000.0,
+            r.pred_score,
+            r.pred_length / MAX_TOKENS,
+            (r.prompt_tokens + g) / capacity if capacity else 0.0,
+            g / MAX_TOKENS,
+            0.0,
+            r.started_at,
+            g if g > 1 else 1.0,
+            1.0,
+        )
+
     r = min(batch, QUEUE_CAP)
-    w = min(len(reqs) - batch, QUEUE_CAP)
-    out[0, :r] = rows[:r]
-    out[1, :w] = rows[batch : batch + w]
-    return out
+    w = max(0, min(len(reqs) - batch, QUEUE_CAP))
+    running = [row(x) for x in reqs[:r]] + [_EMPTY_ROW] * (QUEUE_CAP - r)
+    waiting = [row(x) for x in reqs[batch : batch + w]] + [_EMPTY_ROW] * (QUEUE_CAP - w)
+    return np.array((running, waiting))
 
 
 def snapshot(
@@ -140,6 +146,9 @@ def snapshot(
     return snap
 
 
+_EMPTY_PACKED = np.array(((_EMPTY_ROW,) * QUEUE_CAP,) * 2)
+
+
 def encode(
     prompt_tokens: int,
     preds: Sequence[tuple[float, float]],
@@ -152,40 +161,48 @@ def encode(
     expert n."""
     n = len(experts)
     n_max = n_max or n
-    arrived = np.zeros(F_REQ, np.float32)
+    pad = n_max - n
     k = max(1, len(preds))
-    arrived[:3] = (
-        prompt_tokens / 1000.0,
-        sum(p[0] for p in preds) / k,
-        sum(p[1] for p in preds) / k / MAX_TOKENS,
+    arrived = np.array(
+        (
+            prompt_tokens / 1000.0,
+            sum(p[0] for p in preds) / k,
+            sum(p[1] for p in preds) / k / MAX_TOKENS,
+            0.0,
+            0.0,
+            0.0,
+        ),
+        np.float32,
     )
-    ex = np.zeros((n_max, F_EXPERT), np.float32)
-    ex_mask = np.zeros(n_max, np.float32)
-    ex_mask[:n] = 1.0
-    # [N, 2 (running, waiting), QUEUE_CAP, F_REQ + 3], in float64 until the end
-    packed = np.zeros((n_max, 2, QUEUE_CAP, F_REQ + 3))
-    if n:
-        ex[:n] = [
-            (
-                e.memory,
-                e.running / e.running_cap,
-                e.waiting / e.waiting_cap,
-                preds[i][0],
-                preds[i][1] / MAX_TOKENS,
-                min(5.0, e.token_latency / latency_req),
-            )
-            for i, e in enumerate(experts)
-        ]
-        rows = packed[:n]
-        np.stack([e.packed for e in experts], out=rows)
-        elapsed = np.maximum(0.0, now - rows[..., _STARTED])
-        per_token = elapsed / rows[..., _PER_TOKEN] / latency_req  # in multiples of L
-        rows[..., 5] = np.minimum(5.0, per_token) * rows[..., _PRESENT]
+    ex: list[tuple[float, ...]] = [
+        (
+            e.memory,
+            e.running / e.running_cap,
+            e.waiting / e.waiting_cap,
+            p[0],
+            p[1] / MAX_TOKENS,
+            min(5.0, e.token_latency / latency_req),
+        )
+        for e, p in zip(experts, preds, strict=True)
+    ]
+    ex += [(0.0,) * F_EXPERT] * pad
+    # [N, 2 (running, waiting), QUEUE_CAP, F_REQ + 3], in float64 until the end; few
+    # numpy calls, each over every backend at once (see `_packed`)
+    packed = np.array([e.packed for e in experts] + [_EMPTY_PACKED] * pad).reshape(
+        n_max, 2, QUEUE_CAP, F_REQ + 3
+    )
+    per_token = now - packed[..., _STARTED]
+    np.maximum(per_token, 0.0, out=per_token)
+    per_token /= packed[..., _PER_TOKEN]
+    per_token /= latency_req  # in multiples of L
+    np.minimum(per_token, 5.0, out=per_token)
+    per_token *= packed[..., _PRESENT]
+    packed[..., 5] = per_token
     return {
         "arrived": arrived,
-        "experts": ex,
+        "experts": np.array(ex, np.float32).reshape(n_max, F_EXPERT),
         "queues": packed[..., :F_REQ].astype(np.float32),
-        "expert_mask": ex_mask,
+        "expert_mask": np.array([1.0] * n + [0.0] * pad, np.float32),
         "queue_mask": packed[..., _PRESENT].astype(np.float32),
     }
 
