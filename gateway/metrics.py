@@ -16,8 +16,9 @@ from prometheus_client.metrics import MetricWrapperBase
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
-# Fine below 10 us, where a decision on a small pool lands, and again at 100-500 us,
-# where the learned policy's do (its budget is 300 us); coarse elsewhere.
+# Fine below 10 us, where a decision on a small pool lands, and in 25 us steps over
+# 100-500 us, where the learned policy's do (its budget is 300 us, a bucket bound, so
+# the share of decisions over it is exact); coarse elsewhere.
 DECISION = (
     0.000001,
     0.000002,
@@ -28,13 +29,7 @@ DECISION = (
     0.00001,
     0.000025,
     0.00005,
-    0.0001,
-    0.00015,
-    0.0002,
-    0.00025,
-    0.0003,
-    0.0004,
-    0.0005,
+    *(round(k * 0.000025, 6) for k in range(4, 21)),
     0.00075,
     0.001,
     0.005,
