@@ -172,6 +172,15 @@ class ServerThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """`fn()` on the servers' loop. A gateway's state belongs to its loop: read from
+        another thread, its view can fold in half an update and lose the rest."""
+
+        async def on_loop() -> T:
+            return fn()
+
+        return self.run(on_loop(), timeout)
+
     def serve(
         self, app: Any, port: int | None = None, settings: Settings | None = None
     ) -> tuple[str, Any]:

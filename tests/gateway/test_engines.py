@@ -116,15 +116,25 @@ def test_a_whole_answers_progress_survives_an_engine_whose_counter_restarts(
     app.router.routes[-1] = Route("/metrics", prometheus)
     app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
     url, _ = servers.serve(app)
-    gw_url, gw = start_gateway([{"url": url, "id": "e"}])
-    gw.pool.track_requests = True
+    # The request is held over several scrapes: on a loaded machine that is longer than
+    # the tests' usual 2 s answer timeout.
+    timeouts = {"connect": 5.0, "first_byte": 60.0, "response": 60.0, "idle": 60.0}
+    gw_url, gw = start_gateway([{"url": url, "id": "e"}], timeouts=timeouts)
+    # Turned on by hand (no policy here reads the requests), after the first store sync,
+    # which applies the routing config and with it what the policies need.
+    wait_until(lambda: gw.monitor.config_version != -1)
+    servers.call(lambda: setattr(gw.pool, "track_requests", True))
 
     def held() -> list[int]:
-        return [r.generated for b in gw.pool.view.backends for r in b.requests]
+        view = servers.call(lambda: gw.pool.view)
+        return [r.generated for b in view.backends for r in b.requests]
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    statuses: list[int] = []
     client = threading.Thread(
-        target=lambda: httpx.post(gw_url + "/v1/chat/completions", json=body, timeout=30)
+        target=lambda: statuses.append(
+            httpx.post(gw_url + "/v1/chat/completions", json=body, timeout=60).status_code
+        )
     )
     client.start()
     try:
@@ -142,5 +152,6 @@ def test_a_whole_answers_progress_survives_an_engine_whose_counter_restarts(
         wait_until(lambda: held() == [14])
     finally:
         release.set()
-        client.join(30)
+        client.join(60)
+    assert statuses == [200]
     wait_until(lambda: held() == [])

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import RedisProcess, wait_until
+from tests.support import RedisProcess, ServerThread, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -37,7 +37,7 @@ def test_oracle_requires_the_admin_token(start_gateway: Start) -> None:
         assert r.status_code == 401, path
 
 
-def test_push_read_and_query_the_oracle(start_gateway: Start) -> None:
+def test_push_read_and_query_the_oracle(servers: ServerThread, start_gateway: Start) -> None:
     url, gw = start_gateway([])
     base = url + "/admin/oracle"
     r = httpx.put(base + "/topology", headers=TOKEN, json=TOPOLOGY)
@@ -66,7 +66,8 @@ def test_push_read_and_query_the_oracle(start_gateway: Start) -> None:
         },
     )
     assert links.json()["congestion"]["pod"] == pytest.approx(0.2)
-    assert gw.pool.view.oracle is not None and gw.pool.view.oracle.congestion["pod"] == 0.2
+    oracle = servers.call(lambda: gw.pool.view).oracle
+    assert oracle is not None and oracle.congestion["pod"] == 0.2
     metrics = httpx.get(url + "/metrics").text
     wait_until(
         lambda: 'edgeroute_oracle_congestion{tier="pod"} 0.2' in httpx.get(url + "/metrics").text

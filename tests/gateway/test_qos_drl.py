@@ -18,7 +18,7 @@ import torch
 from edgeroute.qos.export import export_actor
 from edgeroute.qos.model import QoSNet
 from edgeroute.qos.predictors import train_predictor
-from tests.support import DATA_DIR, hold_streams, needs_data, sample, wait_until
+from tests.support import DATA_DIR, ServerThread, hold_streams, needs_data, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -56,17 +56,21 @@ def start(start_worker: Start, start_gateway: Start, model_dir: Path) -> tuple[s
 
 
 def test_the_learned_policy_routes_and_sees_the_inflight_requests(
-    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+    servers: ServerThread, start_worker: Start, start_gateway: Start, models: dict[str, Path]
 ) -> None:
     url, gw = start(start_worker, start_gateway, models["route"])
     assert gw.pool.track_requests
+
+    def backends() -> Any:
+        return servers.call(lambda: gw.pool.view).backends
+
     stop = threading.Event()
     threads = hold_streams(url, MODEL, 3, stop, max_tokens=200, content="Write a long story.")
     try:
         # The view carries the gateway's in-flight requests with their streamed progress.
-        wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 3)
+        wait_until(lambda: sum(len(b.requests) for b in backends()) == 3)
         wait_until(
-            lambda: any(r.generated > 2 for b in gw.pool.view.backends for r in b.requests),
+            lambda: any(r.generated > 2 for b in backends() for r in b.requests),
             timeout=5,
         )
         r = httpx.post(
@@ -82,7 +86,7 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
         stop.set()
         for t in threads:
             t.join(30)
-    wait_until(lambda: sum(len(b.requests) for b in gw.pool.view.backends) == 0)
+    wait_until(lambda: sum(len(b.requests) for b in backends()) == 0)
     # Four QoS decisions; the finished request is judged against the latency target and
     # the three streams the client cut are not.
     metrics = httpx.get(url + "/metrics").text
@@ -94,7 +98,7 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
 
 
 def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
-    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+    servers: ServerThread, start_worker: Start, start_gateway: Start, models: dict[str, Path]
 ) -> None:
     """Nothing of a non-streamed answer reaches the gateway before it ends: its
     progress comes from the engine's generation counter, shared among its requests."""
@@ -120,7 +124,8 @@ def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
     seen: list[int] = []
 
     def progressing() -> bool:
-        seen[:] = [r.generated for b in gw.pool.view.backends for r in b.requests]
+        view = servers.call(lambda: gw.pool.view)
+        seen[:] = [r.generated for b in view.backends for r in b.requests]
         return any(g > 2 for g in seen)
 
     wait_until(progressing, timeout=30)
@@ -129,7 +134,9 @@ def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
     assert len(answers) == 3
     assert max(seen) <= max(answers)  # an estimate, never more than the engine made
     # Finished requests tell the policy each backend's seconds per token.
-    wait_until(lambda: any(b.token_latency > 0 for b in gw.pool.view.backends))
+    wait_until(
+        lambda: any(b.token_latency > 0 for b in servers.call(lambda: gw.pool.view).backends)
+    )
 
 
 def test_the_drop_action_sheds_with_503_and_retry_after(
