@@ -211,6 +211,10 @@ class Gateway:
             self._apply_routing(RoutingConfig.from_store(routing))
         except ValidationError:
             log.error("ignoring invalid routing config in the shared store")
+        except Exception as exc:  # a plugin's own error: its model files, say
+            # Valid, but a policy cannot be built here: the routes stay as they were, and
+            # the store's version is taken, so the next sync does not try again.
+            log.error("ignoring a routing config whose policies cannot be built: %s", exc)
 
     def set_oracle(self, state: OracleState) -> None:
         self.oracle = state

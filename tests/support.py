@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import math
 import os
@@ -53,6 +54,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def closed_port() -> int:
+    """A loopback port that nothing listens on, for the whole test. A `free_port` that
+    is left unbound is in the ephemeral range: a later bind may take it, or an outgoing
+    connection may get it as its local port, and a loopback connection from a port to
+    itself succeeds. Below 1024 neither happens to an unprivileged test."""
+    for port in range(1, 1024):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED:
+                return port
+    raise RuntimeError("every port below 1024 answers on loopback")
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 10.0, every: float = 0.02) -> None:

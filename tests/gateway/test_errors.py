@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import free_port, sample
+from tests.support import closed_port, sample
 
 Start = Callable[..., tuple[str, Any]]
 CHAT = "/v1/chat/completions"
@@ -148,7 +148,7 @@ def test_502_when_backends_fail_or_are_unreachable(
     start_worker: Start, start_gateway: Start
 ) -> None:
     wurl, _ = start_worker(enable_faults=True, fault={"mode": "error", "status": 500})
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     url, _ = start_gateway([wurl, dead], retries=1)
     r = httpx.post(url + CHAT, json=chat_body())
     assert_openai_error(r, 502)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.logs import JsonFormatter
-from tests.support import free_port, wait_until
+from tests.support import closed_port, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 MODEL = "mistral-7b-chat"
@@ -64,7 +64,7 @@ def test_healthz_and_readyz(start_worker: Start, start_gateway: Start) -> None:
     url, _ = start_gateway([w])
     assert httpx.get(url + "/healthz").json() == {"status": "ok"}
     assert httpx.get(url + "/readyz").status_code == 200
-    dead_url, _ = start_gateway([f"http://127.0.0.1:{free_port()}"])
+    dead_url, _ = start_gateway([f"http://127.0.0.1:{closed_port()}"])
     wait_until(lambda: httpx.get(dead_url + "/readyz").status_code == 503, timeout=3)
     assert httpx.get(dead_url + "/healthz").status_code == 200
 

@@ -11,6 +11,8 @@ from onnxruntime.capi.onnxruntime_pybind11_state import NoSuchFile
 
 from gateway.routes import Routes
 from gateway.settings import RoutingConfig
+from gateway.store import CONFIG_ROUTING
+from tests.support import ServerThread, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -61,3 +63,22 @@ def test_adding_a_backend_keeps_the_policies_built(
     r = httpx.put(url + "/admin/routing/default", headers=TOKEN, json={"policy": "round_robin"})
     assert r.status_code == 200
     assert gw.pipeline_for(MODEL) is not policy and gw.pipeline_for(MODEL).name == "round_robin"
+
+
+def test_a_stored_routing_that_cannot_be_built_is_ignored_by_every_replica(
+    servers: ServerThread, start_worker: Start, start_gateway: Start
+) -> None:
+    """The hostile twin of the shared config: a spec that validates but whose policy
+    cannot be built (its model files are not on this replica) is written to the store
+    behind the admin API's back. The replica keeps its routes and its sync goes on."""
+    w, _ = start_worker()
+    url, gw = start_gateway([{"url": w, "id": "w"}])
+    wait_until(lambda: gw.monitor.config_version != -1)
+    version = gw.monitor.config_version
+    policy = gw.pipeline_for(MODEL)
+    spec = '{"policy": "qos_drl", "model": "/nonexistent"}'
+    servers.run(gw.store.put(CONFIG_ROUTING, "*", spec))
+    wait_until(lambda: gw.monitor.config_version > version)
+    assert gw.pipeline_for(MODEL) is policy and gw.routing.default.policy == "least_load"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 200

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from gateway.upstream import Target, UpstreamError, UpstreamPool
-from tests.support import free_port
+from tests.support import closed_port, free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -110,7 +110,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced(
 
 async def test_failures_are_told_apart(serve: Callable[[Handler], Awaitable[Target]]) -> None:
     pool = UpstreamPool(connect_timeout=1.0)
-    closed = Target.parse(f"http://127.0.0.1:{free_port()}")
+    closed = Target.parse(f"http://127.0.0.1:{closed_port()}")
     with pytest.raises(UpstreamError) as err:
         await pool.send(closed, b"POST", "/", [], b"{}", 5.0)
     assert err.value.reason == "connect"

@@ -12,7 +12,7 @@ import httpx
 from edgeroute.bench.live_pools import NOMINAL, PHYSICAL
 from edgeroute.bench.operator import Telemetry, operate
 from oracle.topology import Topology
-from tests.support import free_port
+from tests.support import closed_port
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = "test-admin-token"
@@ -32,7 +32,7 @@ async def test_congestion_reaches_the_gateway_from_the_workers_counters_late(
     )
     # Hostile neighbours: a worker with no network counters, and one that is down.
     plain, _ = start_worker(speedup=10.0)
-    down = f"http://127.0.0.1:{free_port()}"
+    down = f"http://127.0.0.1:{closed_port()}"
     gw, gateway = start_gateway([{"url": url, "id": "d3", "role": "decode"}], oracle=NOMINAL)
     headers = {"authorization": f"Bearer {TOKEN}"}
 
