@@ -36,7 +36,7 @@ from gateway.prism_scheduler import PlacementRefused, PrismScheduler
 from gateway.proxy import Proxy
 from gateway.relay import ClientWatch, Receive, Scope, Send
 from gateway.request_schema import CHAT_BODY, COMPLETION_BODY
-from gateway.routes import Routes
+from gateway.routes import Plan, Routes
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
     CONFIG_BACKENDS,
@@ -85,6 +85,7 @@ class Gateway:
         self.transfers = KVTransfers(self.pool)
         self.routing = settings.routing
         self.routes = Routes(settings.routing)
+        self._reloading = asyncio.Lock()
         self._hooks: list[Hook] = []
         url = settings.redis_url.get_secret_value() if settings.redis_url is not None else None
         self.store = SharedStore(url, self.replica_id, settings.replica_ttl)
@@ -163,8 +164,9 @@ class Gateway:
 
     # -- configuration --------------------------------------------------------------
 
-    def _apply_routing(self, routing: RoutingConfig) -> None:
-        self.routes.apply(routing)
+    def _apply_routing(self, routing: RoutingConfig, plan: Plan | None = None) -> None:
+        """Route by `routing`, with its policies as `plan` built them if given."""
+        self.routes.use(plan if plan is not None else self.routes.plan(routing))
         self.routing = routing
         self._provide_what_policies_need()
 
@@ -194,6 +196,12 @@ class Gateway:
         )
 
     async def reload_config(self) -> None:
+        # One reload at a time (the sync loop's and an operator's write): each reads the
+        # store when it starts, so the last to finish applies the newest config.
+        async with self._reloading:
+            await self._reload_config()
+
+    async def _reload_config(self) -> None:
         backends, routing, oracle = await self.store.load_config()
         if oracle is not None:
             try:
@@ -208,13 +216,18 @@ class Gateway:
                 log.error("ignoring invalid backend %s in the shared store", bid)
         self.pool.set_configs(configs)
         try:
-            self._apply_routing(RoutingConfig.from_store(routing))
+            config = RoutingConfig.from_store(routing)
+            # Off the loop: a learned policy loads its models (tens of ms), and requests
+            # go on being routed by the policies in use meanwhile.
+            plan = await asyncio.to_thread(self.routes.plan, config)
         except ValidationError:
             log.error("ignoring invalid routing config in the shared store")
         except Exception as exc:  # a plugin's own error: its model files, say
             # Valid, but a policy cannot be built here: the routes stay as they were, and
             # the store's version is taken, so the next sync does not try again.
             log.error("ignoring a routing config whose policies cannot be built: %s", exc)
+        else:
+            self._apply_routing(config, plan)
 
     def set_oracle(self, state: OracleState) -> None:
         self.oracle = state
@@ -305,10 +318,11 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def get_routing() -> Response:
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
-    def check(spec: PipelineSpec) -> None:
-        """Build it before storing it: a learned policy's model files must load."""
+    async def check(spec: PipelineSpec) -> None:
+        """Build it before storing it: a learned policy's model files must load (off
+        the loop, which goes on routing meanwhile)."""
         try:
-            build_policy(spec)
+            await asyncio.to_thread(build_policy, spec)
         except Exception as exc:
             raise GatewayError(
                 400, f"policy {spec.policy!r} cannot be built: {exc}", param="policy"
@@ -317,12 +331,12 @@ def _admin_router(gw: Gateway) -> APIRouter:
     @r.put("/routing/{role}")
     async def put_role(role: str, spec: PipelineSpec) -> Response:
         """`default`, or for disaggregated serving `prefill` and `decode`."""
-        check(spec)
         keys = {v: k for k, v in RoutingConfig.ROLES.items()}
         if role not in keys:
             raise GatewayError(
                 404, f"no routing role {role!r}; roles: {sorted(keys)}", param="role"
             )
+        await check(spec)
         await gw.write_config(CONFIG_ROUTING, keys[role], spec.model_dump_json())
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
@@ -330,7 +344,7 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def put_model(model: str, spec: PipelineSpec) -> Response:
         if model.startswith("*"):
             raise GatewayError(400, "model names cannot start with '*'", param="model")
-        check(spec)
+        await check(spec)
         await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json())
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 

@@ -9,33 +9,39 @@ from __future__ import annotations
 from gateway.settings import RoutingConfig
 from policies import Need, PipelineSpec, Policy, build_policy
 
+# Each role's spec and the policy built from it: "*" is the default, "*prefill" and
+# "*decode" the disaggregated pair, any other key a model (whose names never start
+# with "*").
+Plan = dict[str, tuple[PipelineSpec, Policy]]
+
 
 class Routes:
     def __init__(self, config: RoutingConfig) -> None:
-        self._built: dict[str, tuple[PipelineSpec, Policy]] = {}
-        self.apply(config)
+        self._built: Plan = {}
+        self.use(self.plan(config))
 
-    def apply(self, config: RoutingConfig) -> None:
-        """Build every policy `config` names (raises PluginError or ValueError).
-
-        A role whose spec is unchanged keeps its policy object: every replica reloads
-        the config at its first store sync and whenever an operator changes any part
-        of it, and rebuilding would load models again on the event loop and drop the
-        policies' per-backend caches.
-        """
+    def plan(self, config: RoutingConfig) -> Plan:
+        """Every policy `config` names, built (raises PluginError, ValueError, or a
+        plugin's own error). A role whose spec is unchanged keeps its policy object:
+        every replica reloads the config at its first store sync and whenever an
+        operator changes any part of it, and rebuilding would load models again and
+        drop the policies' per-backend caches. Only reads the routes in use, so it can
+        run off the event loop while they serve."""
         wanted = {
             "*prefill": config.prefill,
             "*decode": config.decode,
             "*": config.default,
             **config.models,
         }
-        built = {role: self._kept_or_built(role, spec) for role, spec in wanted.items()}
-        self._built = built
-        self.prefill = built["*prefill"][1]
-        self.decode = built["*decode"][1]
-        self._default = built["*"][1]
-        self._by_model = {m: built[m][1] for m in config.models}
-        self.needs: frozenset[Need] = frozenset().union(*(p.needs for _, p in built.values()))
+        return {role: self._kept_or_built(role, spec) for role, spec in wanted.items()}
+
+    def use(self, plan: Plan) -> None:
+        self._built = plan
+        self.prefill = plan["*prefill"][1]
+        self.decode = plan["*decode"][1]
+        self._default = plan["*"][1]
+        self._by_model = {m: p for m, (_, p) in plan.items() if not m.startswith("*")}
+        self.needs: frozenset[Need] = frozenset().union(*(p.needs for _, p in plan.values()))
         # The disaggregated path hashes once, for both of its policies.
         self.pd_hashes = Need.BLOCK_HASHES in self.prefill.needs | self.decode.needs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import NoSuchFile
 from gateway.routes import Routes
 from gateway.settings import RoutingConfig
 from gateway.store import CONFIG_ROUTING
+from policies import PipelineSpec, Policy, build_policy
 from tests.support import ServerThread, wait_until
 
 Start = Callable[..., tuple[str, Any]]
@@ -28,7 +30,7 @@ def test_an_unchanged_spec_keeps_its_policy_and_a_changed_one_is_rebuilt() -> No
     routes = Routes(config(a="least_load", b="round_robin"))
     default, a, b = routes.for_model("other"), routes.for_model("a"), routes.for_model("b")
     prefill, decode = routes.prefill, routes.decode
-    routes.apply(config(a="least_load", b="power_of_two"))
+    routes.use(routes.plan(config(a="least_load", b="power_of_two")))
     assert routes.for_model("other") is default and routes.for_model("a") is a
     assert routes.prefill is prefill and routes.decode is decode
     assert routes.for_model("b") is not b and routes.for_model("b").name == "power_of_two"
@@ -40,9 +42,11 @@ def test_a_config_that_fails_to_build_leaves_the_routes_as_they_were() -> None:
     routes = Routes(config(a="least_load"))
     a = routes.for_model("a")
     with pytest.raises(NoSuchFile):  # the model files are not there
-        routes.apply(config(a="least_load", b={"policy": "qos_drl", "model": "/nonexistent"}))
+        routes.use(
+            routes.plan(config(a="least_load", b={"policy": "qos_drl", "model": "/nonexistent"}))
+        )
     assert routes.for_model("a") is a and routes.for_model("b") is routes.for_model("other")
-    routes.apply(config(a="least_load"))
+    routes.use(routes.plan(config(a="least_load")))
     assert routes.for_model("a") is a
 
 
@@ -82,3 +86,27 @@ def test_a_stored_routing_that_cannot_be_built_is_ignored_by_every_replica(
     assert gw.pipeline_for(MODEL) is policy and gw.routing.default.policy == "least_load"
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 200
+
+
+def test_a_routing_change_builds_its_policies_off_the_event_loop(
+    servers: ServerThread,
+    start_worker: Start,
+    start_gateway: Start,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Building a learned policy loads its models: done on the loop, every request in
+    flight would wait for it, on every replica."""
+    w, _ = start_worker()
+    url, gw = start_gateway([{"url": w, "id": "w"}])
+    threads: list[threading.Thread] = []
+
+    def recorded(spec: PipelineSpec) -> Policy:
+        threads.append(threading.current_thread())
+        return build_policy(spec)
+
+    # The admin API's check and the routes' own build.
+    monkeypatch.setattr("gateway.app.build_policy", recorded)
+    monkeypatch.setattr("gateway.routes.build_policy", recorded)
+    r = httpx.put(url + "/admin/routing/default", headers=TOKEN, json={"policy": "round_robin"})
+    assert r.status_code == 200 and gw.pipeline_for(MODEL).name == "round_robin"
+    assert len(threads) == 2 and servers.thread not in threads
