@@ -70,6 +70,9 @@ class _Cached(NamedTuple):
 # object comes back and its snapshot holds as it is, and while its requests are the
 # same tuple their packed rows hold.
 FeatureCache = dict[str, _Cached]
+# Backends come and go under new ids (pods restart): past this many the cache starts
+# over rather than keep the gone ones for ever.
+FEATURE_CACHE_CAP = 1024
 
 
 TOKEN_LATENCY_WEIGHT = 0.2
@@ -142,6 +145,8 @@ def snapshot(
         packed = _packed(b, batch)
     snap = ExpertSnapshot(b.kv_usage, packed, batch, count, b.token_latency)
     if cache is not None:
+        if found is None and len(cache) >= FEATURE_CACHE_CAP:
+            cache.clear()
         cache[b.id] = _Cached(b, b.requests, b.kv_capacity_tokens, batch, snap)
     return snap
 

@@ -20,7 +20,14 @@ from edgeroute.sim.edge import (
     prompt_share,
 )
 from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
-from policies.qos_state import INPUTS, ExpertSnapshot, FeatureCache, encode, snapshot
+from policies.qos_state import (
+    FEATURE_CACHE_CAP,
+    INPUTS,
+    ExpertSnapshot,
+    FeatureCache,
+    encode,
+    snapshot,
+)
 from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
 from tests.support import DATA_DIR, needs_data
 
@@ -123,3 +130,15 @@ def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:
     cached = queue_rows(snapshot(moved, stale_after=5.0, cache=cache), now=20.0)
     assert cached[0, 0, 4] == np.float32(10 / 300)
     assert np.array_equal(queue_rows(snapshot(moved, stale_after=5.0), now=20.0), cached)
+
+
+def test_the_feature_cache_does_not_keep_backends_that_are_gone() -> None:
+    """A long-lived policy sees backends come and go under new ids: its cache is
+    bounded, and the backends still served are cached again after it starts over."""
+    cache: FeatureCache = {}
+    for i in range(3 * FEATURE_CACHE_CAP):
+        snapshot(BackendView(id=f"pod-{i}", stats_age=0.0), stale_after=5.0, cache=cache)
+        assert len(cache) <= FEATURE_CACHE_CAP
+    b = BackendView(id="stays", stats_age=0.0)
+    first = snapshot(b, stale_after=5.0, cache=cache)
+    assert snapshot(b, stale_after=5.0, cache=cache) is first
