@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
     )
     o.set_defaults(func=lambda a: _overhead(a))
+    rl = command("reload", help="what a routing change costs the requests in flight")
+    common(rl)
+    rl.set_defaults(func=lambda a: _reload(a))
     ab = command(
         "overhead-ab", help="the gateway's overhead from two checkouts, alternated in pairs"
     )
@@ -233,6 +236,12 @@ def _overhead(a: argparse.Namespace) -> None:
     from edgeroute.bench.overhead import main
 
     main(a.quick, a.seed, a.json, a.policies.split(","))
+
+
+def _reload(a: argparse.Namespace) -> None:
+    from edgeroute.bench.reload import main
+
+    main(a.quick, a.seed, a.json)
 
 
 def _overhead_ab(a: argparse.Namespace) -> None:
