@@ -25,8 +25,9 @@ class Routes:
         plugin's own error). A role whose spec is unchanged keeps its policy object:
         every replica reloads the config at its first store sync and whenever an
         operator changes any part of it, and rebuilding would load models again and
-        drop the policies' per-backend caches. Only reads the routes in use, so it can
-        run off the event loop while they serve."""
+        drop the policies' per-backend caches. So files a spec names are read once:
+        new model files go in a new folder, named by a new spec. Only reads the routes
+        in use, so it can run off the event loop while they serve."""
         wanted = {
             "*prefill": config.prefill,
             "*decode": config.decode,
