@@ -199,9 +199,11 @@ class Gateway:
         # One reload at a time (the sync loop's and an operator's write): each reads the
         # store when it starts, so the last to finish applies the newest config.
         async with self._reloading:
-            await self._reload_config()
+            await self._reload_config(None)
 
-    async def _reload_config(self) -> None:
+    async def _reload_config(self, fresh: Plan | None) -> None:
+        """Apply the store's config. `fresh`: policies already built for it (by the
+        admin API's check), used where their role's spec matches."""
         backends, routing, oracle = await self.store.load_config()
         if oracle is not None:
             try:
@@ -219,7 +221,7 @@ class Gateway:
             config = RoutingConfig.from_store(routing)
             # Off the loop: a learned policy loads its models (tens of ms), and requests
             # go on being routed by the policies in use meanwhile.
-            plan = await asyncio.to_thread(self.routes.plan, config)
+            plan = await asyncio.to_thread(self.routes.plan, config, fresh)
         except ValidationError:
             log.error("ignoring invalid routing config in the shared store")
         except Exception as exc:  # a plugin's own error: its model files, say
@@ -233,10 +235,15 @@ class Gateway:
         self.oracle = state
         self.pool.set_network(state.topology)
 
-    async def write_config(self, key: str, field: str, payload: str | None) -> None:
+    async def write_config(
+        self, key: str, field: str, payload: str | None, fresh: Plan | None = None
+    ) -> None:
         try:
-            await self.store.put(key, field, payload)
-            await self.reload_config()
+            # Written and applied under the reload lock: a sync that sees the new
+            # version meanwhile waits, then finds it applied, with `fresh` in use.
+            async with self._reloading:
+                await self.store.put(key, field, payload)
+                await self._reload_config(fresh)
         except StoreUnavailable as exc:
             raise GatewayError(
                 503, "the shared store is unreachable; the change was not applied", retry_after=1.0
@@ -318,11 +325,12 @@ def _admin_router(gw: Gateway) -> APIRouter:
     async def get_routing() -> Response:
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
-    async def check(spec: PipelineSpec) -> None:
+    async def check(role: str, spec: PipelineSpec) -> Plan:
         """Build it before storing it: a learned policy's model files must load (off
-        the loop, which goes on routing meanwhile)."""
+        the loop, which goes on routing meanwhile). What it built is what the routes
+        then use, so a change is built once."""
         try:
-            await asyncio.to_thread(build_policy, spec)
+            return {role: (spec, await asyncio.to_thread(build_policy, spec))}
         except Exception as exc:
             raise GatewayError(
                 400, f"policy {spec.policy!r} cannot be built: {exc}", param="policy"
@@ -336,16 +344,16 @@ def _admin_router(gw: Gateway) -> APIRouter:
             raise GatewayError(
                 404, f"no routing role {role!r}; roles: {sorted(keys)}", param="role"
             )
-        await check(spec)
-        await gw.write_config(CONFIG_ROUTING, keys[role], spec.model_dump_json())
+        fresh = await check(keys[role], spec)
+        await gw.write_config(CONFIG_ROUTING, keys[role], spec.model_dump_json(), fresh)
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
     @r.put("/routing/models/{model}")
     async def put_model(model: str, spec: PipelineSpec) -> Response:
         if model.startswith("*"):
             raise GatewayError(400, "model names cannot start with '*'", param="model")
-        await check(spec)
-        await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json())
+        fresh = await check(model, spec)
+        await gw.write_config(CONFIG_ROUTING, model, spec.model_dump_json(), fresh)
         return _json(gw.routing.model_dump(mode="json", exclude_none=True))
 
     @r.delete("/routing/models/{model}", status_code=204)

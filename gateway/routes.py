@@ -20,9 +20,10 @@ class Routes:
         self._built: Plan = {}
         self.use(self.plan(config))
 
-    def plan(self, config: RoutingConfig) -> Plan:
+    def plan(self, config: RoutingConfig, fresh: Plan | None = None) -> Plan:
         """Every policy `config` names, built (raises PluginError, ValueError, or a
-        plugin's own error). A role whose spec is unchanged keeps its policy object:
+        plugin's own error), or taken from `fresh` (built already) where the role's
+        spec is the same. A role whose spec is unchanged keeps its policy object:
         every replica reloads the config at its first store sync and whenever an
         operator changes any part of it, and rebuilding would load models again and
         drop the policies' per-backend caches. So files a spec names are read once:
@@ -34,7 +35,8 @@ class Routes:
             "*": config.default,
             **config.models,
         }
-        return {role: self._kept_or_built(role, spec) for role, spec in wanted.items()}
+        fresh = fresh or {}
+        return {role: self._kept_or_built(role, spec, fresh) for role, spec in wanted.items()}
 
     def use(self, plan: Plan) -> None:
         self._built = plan
@@ -46,10 +48,12 @@ class Routes:
         # The disaggregated path hashes once, for both of its policies.
         self.pd_hashes = Need.BLOCK_HASHES in self.prefill.needs | self.decode.needs
 
-    def _kept_or_built(self, role: str, spec: PipelineSpec) -> tuple[PipelineSpec, Policy]:
-        old = self._built.get(role)
-        if old is not None and old[0] == spec:
-            return old
+    def _kept_or_built(
+        self, role: str, spec: PipelineSpec, fresh: Plan
+    ) -> tuple[PipelineSpec, Policy]:
+        for ready in (self._built.get(role), fresh.get(role)):
+            if ready is not None and ready[0] == spec:
+                return ready
         return spec, build_policy(spec)
 
     def for_model(self, model: str) -> Policy:

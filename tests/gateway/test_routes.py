@@ -104,9 +104,9 @@ def test_a_routing_change_builds_its_policies_off_the_event_loop(
         threads.append(threading.current_thread())
         return build_policy(spec)
 
-    # The admin API's check and the routes' own build.
+    # The admin API's check builds it; the routes use what it built, and build nothing.
     monkeypatch.setattr("gateway.app.build_policy", recorded)
     monkeypatch.setattr("gateway.routes.build_policy", recorded)
     r = httpx.put(url + "/admin/routing/default", headers=TOKEN, json={"policy": "round_robin"})
     assert r.status_code == 200 and gw.pipeline_for(MODEL).name == "round_robin"
-    assert len(threads) == 2 and servers.thread not in threads
+    assert len(threads) == 1 and servers.thread not in threads
