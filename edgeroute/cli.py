@@ -224,6 +224,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
 
     cfg = TrainConfig(
         variant=args.variant,
+        quality=args.quality,
         experts=args.experts,
         rate=args.rate,
         latency_ms=args.latency_ms,
@@ -278,7 +279,7 @@ def cmd_train_predictors(args: argparse.Namespace) -> None:
     from edgeroute.qos.predictors import compare_encoders
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare)
+    compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare, args.quality)
 
 
 def _version() -> str:
@@ -422,6 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
     from edgeroute.qos.config import TrainConfig
 
     t = TrainConfig()
+    q.add_argument(
+        "--quality",
+        choices=["routerbench", "routerdc"],
+        default=t.quality,
+        help="the quality data: RouterBench's MBPP (0/1) or RouterDC's graded tasks; "
+        "the predictor is the one in that world's folder (models/qos, models/qos/routerdc)",
+    )
     q.add_argument("--steps", type=int, default=t.steps, help="environment steps")
     q.add_argument("--warmup", type=int, default=t.warmup, help="random steps before learning")
     q.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between evaluations")
@@ -503,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    pr.add_argument(
+        "--quality",
+        choices=["routerbench", "routerdc"],
+        default="routerbench",
+        help="the quality data: RouterBench's MBPP (0/1) or RouterDC's graded tasks",
     )
     pr.add_argument("--out", default="models/qos", help="where the predictors go")
     pr.set_defaults(func=cmd_train_predictors)

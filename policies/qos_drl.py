@@ -88,6 +88,17 @@ class ScorePredictor:
         return [per_row[i] for i in rows[1]]
 
 
+def predictor_dir(model_dir: Path) -> Path:
+    """Where the predictor of the actor in `model_dir` is: beside it, else in the model
+    folder that holds its training runs (`<folder>/runs/<run>/`, which a run's actor
+    trained with), else the one the gateway ships."""
+    model_dir = model_dir.resolve()
+    for folder in (model_dir, *model_dir.parents[:2]):
+        if (folder / "predictor.onnx").exists():
+            return folder
+    return DEFAULT_MODEL_DIR
+
+
 class QoSDRL:
     name = "qos_drl"
     needs = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
@@ -101,10 +112,7 @@ class QoSDRL:
         opts.intra_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
-        # A trained actor may come alone (a training run's folder): it then uses the
-        # predictor the gateway ships, which is what it trained on.
-        shipped = (model_dir / "predictor.onnx").exists()
-        self.predictor = ScorePredictor(model_dir if shipped else DEFAULT_MODEL_DIR)
+        self.predictor = ScorePredictor(predictor_dir(model_dir))
         self._features: FeatureCache = {}
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]

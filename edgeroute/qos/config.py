@@ -4,6 +4,19 @@ so the command line can show the defaults without loading it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgeroute.sim.edge import Quality
+
+MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
+
+
+def quality_dir(quality: str) -> Path:
+    """A quality world's folder: its predictor, its runs/ and its model card (RouterBench's
+    is models/qos itself, which the gateway serves by default)."""
+    return MODEL_ROOT if quality == "routerbench" else MODEL_ROOT / quality
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ LATENCIES_MS = (20.0, 40.0)  # ... and of L
 @dataclass(frozen=True)
 class TrainConfig:
     variant: str = "full"
+    quality: Quality = "routerbench"
     experts: int = 6
     rate: float = 5.0
     latency_ms: float = 30.0

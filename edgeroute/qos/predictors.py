@@ -18,7 +18,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from edgeroute.sim.edge import BUCKETS, MAX_TOKENS, MODELS, PREDICTOR_SHARE, bucket, prompt_share
+from edgeroute.sim.edge import (
+    BUCKETS,
+    MAX_TOKENS,
+    QUALITY_MODELS,
+    Quality,
+    bucket,
+    in_split,
+    load_tasks,
+)
 from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
 from workers.quality import iter_samples
 
@@ -32,19 +40,28 @@ class Dataset:
     test: np.ndarray  # held-out prompt
 
 
-def load_dataset(
-    data_dir: Path, models: tuple[str, ...] = MODELS, test_share: float = PREDICTOR_SHARE
-) -> Dataset:
+def load_dataset(data_dir: Path, quality: Quality = "routerbench") -> Dataset:
+    """Every (prompt, model) answer of the quality data; `test` marks the prompts
+    outside the predictor's split (`edgeroute.sim.edge.in_split`)."""
     texts, experts, score, length, test = [], [], [], [], []
+    models = QUALITY_MODELS[quality]
     index = {m: i for i, m in enumerate(models)}
-    for s in iter_samples(data_dir):
-        if s.model not in index:
-            continue
-        texts.append(s.prompt)
-        experts.append(index[s.model])
-        score.append(bucket(s.score, 1.0))
-        length.append(bucket(min(s.tokens, MAX_TOKENS), MAX_TOKENS))
-        test.append(prompt_share(s.prompt) < test_share)
+
+    def add(prompt: str, model: str, s: float, tokens: int) -> None:
+        texts.append(prompt)
+        experts.append(index[model])
+        score.append(bucket(s, 1.0))
+        length.append(bucket(min(tokens, MAX_TOKENS), MAX_TOKENS))
+        test.append(not in_split(prompt, "predictor"))
+
+    if quality == "routerdc":
+        for task in load_tasks(data_dir, quality=quality):
+            for m in models:
+                add(task.prompt, m, task.scores[m], task.lengths[m])
+    else:  # every RouterBench task and GSM8K answer, not only the simulator's MBPP
+        for sample in iter_samples(data_dir):
+            if sample.model in index:
+                add(sample.prompt, sample.model, sample.score, sample.tokens)
     return Dataset(texts, np.array(experts), np.array(score), np.array(length), np.array(test))
 
 
@@ -128,22 +145,33 @@ def text_features(texts: list[str], encoder: str) -> np.ndarray:
     return np.stack([vecs[where[t]] for t in texts]).astype(np.float32)
 
 
+def expected(logits: Tensor) -> Tensor:
+    """The expected bucket index under the predicted distribution."""
+    return (torch.softmax(logits, -1) * torch.arange(logits.shape[-1])).sum(-1)
+
+
 def topk(logits: Tensor, target: Tensor, k: int) -> float:
     return float((logits.topk(k, -1).indices == target.unsqueeze(-1)).any(-1).float().mean())
 
 
 def train_predictor(
-    data_dir: Path, encoder: str = "bow", epochs: int = 8, seed: int = 0, out: Path | None = None
+    data_dir: Path,
+    encoder: str = "bow",
+    epochs: int = 8,
+    seed: int = 0,
+    out: Path | None = None,
+    quality: Quality = "routerbench",
 ) -> dict[str, object]:
     torch.manual_seed(seed)
-    ds = load_dataset(data_dir)
+    models = QUALITY_MODELS[quality]
+    ds = load_dataset(data_dir, quality)
     feats = text_features(ds.texts, encoder)
     bow = encoder == "bow"
     x = torch.from_numpy(feats)
     e = torch.from_numpy(ds.experts)
     ys, yl = torch.from_numpy(ds.score), torch.from_numpy(ds.length)
     tr, te = np.where(~ds.test)[0], np.where(ds.test)[0]
-    net = Predictor(len(MODELS), 32 if bow else feats.shape[1], bow=bow)
+    net = Predictor(len(models), 32 if bow else feats.shape[1], bow=bow)
     opt = torch.optim.Adam(net.parameters(), lr=2e-3)
     loss_fn = nn.CrossEntropyLoss()
     rng = np.random.default_rng(seed)
@@ -165,6 +193,7 @@ def train_predictor(
         per_request_ms = (time.perf_counter() - started) / 200 * 1e3
     result = {
         "encoder": encoder,
+        "quality": quality,
         "train": len(tr),
         "test": len(te),
         "score_top1": topk(s, ys[te], 1),
@@ -173,12 +202,14 @@ def train_predictor(
         "length_top3": topk(length, yl[te], 3),
         "head_ms_per_request": per_request_ms,
         "majority_score_top1": float(np.bincount(ds.score[te]).max() / len(te)),
+        # how well the predicted expected score orders the true scores, bucket or not
+        "score_corr": float(np.corrcoef(expected(s).numpy(), ds.score[te])[0, 1]),
         "majority_length_top1": float(np.bincount(ds.length[te]).max() / len(te)),
     }
     if out is not None and bow:
         export_predictor(net, out / "predictor.onnx")
         (out / "predictor.json").write_text(
-            json.dumps({**result, "models": list(MODELS)}, indent=1) + "\n"
+            json.dumps({**result, "models": list(models)}, indent=1) + "\n"
         )
     return result
 
@@ -186,14 +217,21 @@ def train_predictor(
 PAPER = {"score_top1": 0.634, "score_top3": 0.978, "length_top1": 0.730, "length_top3": 0.847}
 
 
-def compare_encoders(data_dir: Path, out: Path, epochs: int, seed: int, minilm: bool) -> None:
+def compare_encoders(
+    data_dir: Path,
+    out: Path,
+    epochs: int,
+    seed: int,
+    minilm: bool,
+    quality: Quality = "routerbench",
+) -> None:
     """Train the predictor (hashed bag of words, exported to ONNX), optionally the MiniLM
     variant, and write both beside the paper's figures to bench/results/."""
     from edgeroute.results_io import write
 
-    rows: list[dict[str, object]] = [train_predictor(data_dir, "bow", epochs, seed, out)]
+    rows: list[dict[str, object]] = [train_predictor(data_dir, "bow", epochs, seed, out, quality)]
     if minilm:
-        rows.append(train_predictor(data_dir, "minilm", epochs, seed))
+        rows.append(train_predictor(data_dir, "minilm", epochs, seed, quality=quality))
     rows.append({"encoder": "paper (DistilBERT, BERTScore)", **PAPER})
     cols = [
         "encoder",
@@ -203,12 +241,22 @@ def compare_encoders(data_dir: Path, out: Path, epochs: int, seed: int, minilm: 
         "length_top3",
         "majority_score_top1",
         "majority_length_top1",
+        "score_corr",
         "head_ms_per_request",
     ]
+    data = {
+        "routerbench": "Scores in RouterBench are 0/1 correctness, so only two score buckets "
+        "occur and top-3 is trivially 1",
+        "routerdc": "Scores in RouterDC's free-form tasks are the share of 10 sampled answers "
+        "that were right (MATH: 0/1); lengths are the stand-in model's (see "
+        "`edgeroute.sim.edge.routerdc_tasks`)",
+    }[quality]
     write(
-        "qos_predictors",
+        "qos_predictors" if quality == "routerbench" else f"qos_predictors_{quality}",
         {
-            "command": "edgeroute train predictors" + (" --compare" if minilm else ""),
+            "command": "edgeroute train predictors"
+            + (" --compare" if minilm else "")
+            + (f" --quality {quality}" if quality != "routerbench" else ""),
             "epochs": epochs,
             "seed": seed,
         },
@@ -216,9 +264,9 @@ def compare_encoders(data_dir: Path, out: Path, epochs: int, seed: int, minilm: 
         cols,
         None,
         notes=(
-            "Held-out: 20% of prompts (by hash). Scores in RouterBench are 0/1 correctness, so "
-            "only two score buckets occur and top-3 is trivially 1; the majority-bucket rates "
-            "are given for scale. Lengths are response characters / 4, in 10 buckets of 30 "
+            f"Held-out: 20% of prompts (by hash). {data}; the majority-bucket rates are given "
+            "for scale, and `score_corr` correlates the predicted expected score bucket with "
+            "the true one. Lengths are response characters / 4, in 10 buckets of 30 "
             "tokens. Encoding cost per prompt, one core: hashing 33 us; MiniLM-L6 27 ms."
         ),
     )

@@ -26,14 +26,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeroute.qos.config import LATENCIES_MS, RATES, TrainConfig
+from edgeroute.qos.config import LATENCIES_MS, RATES, TrainConfig, quality_dir
 from edgeroute.qos.evaluate import evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.results_io import git
 from edgeroute.sim.edge import (
+    QUALITY_MODELS,
     TRAIN_HARDWARE,
     EdgeEnv,
+    EdgeExpert,
     NoisyOracle,
     Predictor,
     Req,
@@ -50,7 +52,13 @@ PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation
 
 def training_predictor(cfg: TrainConfig) -> Predictor:
     """The served predictor's real outputs (never the truth), or none at all."""
-    return NoisyOracle(zero=True) if cfg.zero_predictions else ServedPredictor(ScorePredictor())
+    if cfg.zero_predictions:
+        return NoisyOracle(zero=True)
+    return ServedPredictor(ScorePredictor(quality_dir(cfg.quality)))
+
+
+def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
+    return default_experts(cfg.experts, seed=hardware, models=QUALITY_MODELS[cfg.quality])
 
 
 def make_env(
@@ -63,8 +71,8 @@ def make_env(
     # On the agent's own split of the prompts (`edgeroute.sim.edge.in_split`): never
     # the evaluation prompts, never the predictor's.
     return EdgeEnv(
-        default_experts(cfg.experts, seed=TRAIN_HARDWARE[0]),
-        tasks or load_tasks(data_dir, split="agent"),
+        experts_for(cfg, TRAIN_HARDWARE[0]),
+        tasks or load_tasks(data_dir, split="agent", quality=cfg.quality),
         rate=cfg.rate,
         latency_req=cfg.latency_ms / 1000,
         episode_len=episode_len or cfg.episode_len,
@@ -81,7 +89,7 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
         rate, latency = float(rng.uniform(*RATES)), float(rng.uniform(*LATENCIES_MS))
     env.reset(
         int(rng.integers(1 << 30)),
-        experts=default_experts(cfg.experts, seed=hardware),
+        experts=experts_for(cfg, hardware),
         rate=rate,
         latency_req=latency / 1000,
     )
@@ -120,7 +128,7 @@ def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
     scores = []
     for k in range(cfg.eval_episodes):
         env.reset(  # the environment keeps this hardware, load and L for `evaluate`
-            experts=default_experts(cfg.experts, seed=TRAIN_HARDWARE[k]),
+            experts=experts_for(cfg, TRAIN_HARDWARE[k]),
             rate=cfg.rate,
             latency_req=cfg.latency_ms / 1000,
         )
@@ -151,7 +159,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
     predictor = training_predictor(cfg)
-    tasks = load_tasks(data_dir, split="agent")
+    tasks = load_tasks(data_dir, split="agent", quality=cfg.quality)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)
     sac = SAC(cfg.sac(), n_actions=cfg.experts + 1)
