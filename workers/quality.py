@@ -1,7 +1,8 @@
 """What each expert model answers: response length and quality, from real data.
 
 Two sources, both derived from `shared/data/router_quality/` (RouterBench 0-shot
-as redistributed by RouterDC, and RouteLLM's GSM8K responses):
+as redistributed by RouterDC, RouteLLM's GSM8K responses, and RouterDC's own scores of
+seven open models, `iter_routerdc_samples`):
 
 - `PromptIndex`: prompt text -> each model's real response length and score.
   Built at start-up from the data folder when it is there; a request whose last
@@ -23,7 +24,7 @@ import json
 import os
 import random
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,29 @@ ROUTERBENCH_FILES = tuple(
     for task in ("arc_challenge", "mbpp", "winograde")
     for split in ("train", "test")
 )
+# RouterDC's seven open 7-8B models, scored per prompt (`iter_routerdc_samples`).
+ROUTERDC_MODELS = (
+    "mistralai/Mistral-7B-v0.1",
+    "meta-math/MetaMath-Mistral-7B",
+    "itpossible/Chinese-Mistral-7B-v0.1",
+    "HuggingFaceH4/zephyr-7b-beta",
+    "cognitivecomputations/dolphin-2.6-mistral-7b",
+    "meta-llama/Meta-Llama-3-8B",
+    "cognitivecomputations/dolphin-2.9-llama3-8b",
+)
+ROUTERDC_FILE = "routerdc_7model_scores.csv.gz"
+# RouterDC's free-form sources, and the open model whose real answers stand in for
+# their lengths (RouterDC has scores only): RouteLLM's Mixtral on GSM8K and
+# RouterBench's Mistral-7B on MBPP (code; MATH's worked answers as GSM8K's).
+ROUTERDC_LENGTHS = {
+    "gsm8k-test": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
+    "gsm8k-train": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
+    "MATH_prealgebra": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
+    "mbpp": ("mbpp", "mistralai/mistral-7b-chat"),
+    "humaneval_test": ("mbpp", "mistralai/mistral-7b-chat"),
+    "humaneval_train": ("mbpp", "mistralai/mistral-7b-chat"),
+    "javascript": ("mbpp", "mistralai/mistral-7b-chat"),
+}
 # RouteLLM's Mixtral-8x7B-Instruct is the model RouterBench calls mixtral-8x7b-chat.
 ROUTELLM_MODELS = {
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/mixtral-8x7b-chat",
@@ -119,6 +143,63 @@ def iter_samples(data_dir: Path) -> Iterator[Sample]:
                     )
 
 
+def _lookup_key(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def _first_line(text: str) -> str:
+    """MBPP as RouterDC wraps it (a docstring holding the task, then its asserts): the
+    task's line, as RouterBench gives it."""
+    lines = [x for x in text.strip().strip('"').strip().splitlines() if x.strip()]
+    return _lookup_key(lines[0]) if lines else ""
+
+
+def iter_routerdc_samples(
+    data_dir: Path, answers: Iterable[Sample] | None = None
+) -> Iterator[Sample]:
+    """RouterDC's free-form prompts, each with every one of its seven models' real score
+    (the share of 10 sampled answers that were right; MATH 0/1). RouterDC has no
+    answers, so a prompt's length is the same for every model: the real length of the
+    stand-in model's answer to it where `iter_samples` has one (all of GSM8K's test
+    set, a quarter of MBPP), else a draw from that model's lengths on that kind of
+    task, fixed by the prompt. `answers`: `iter_samples(data_dir)` if already read."""
+    path = data_dir / "router_quality" / ROUTERDC_FILE
+    if not path.exists():
+        return
+    real: dict[tuple[str, str], dict[str, int]] = {}
+    pools: dict[tuple[str, str], list[int]] = {}
+    wanted = set(ROUTERDC_LENGTHS.values())
+    for s in iter_samples(data_dir) if answers is None else answers:
+        if (s.task, s.model) in wanted:
+            real.setdefault((s.task, s.model), {})[_lookup_key(s.prompt)] = s.tokens
+            pools.setdefault((s.task, s.model), []).append(s.tokens)
+    for pool in pools.values():
+        pool.sort()
+    seen: set[str] = set()
+    with gzip.open(path, "rt", newline="") as fh:
+        for row in csv.DictReader(fh):
+            stand_in = ROUTERDC_LENGTHS.get(row["source_file"])
+            prompt = row["question"]
+            if stand_in is None or prompt in seen:
+                continue
+            seen.add(prompt)
+            known = real.get(stand_in, {})
+            tokens = known.get(_lookup_key(prompt)) or known.get(_first_line(prompt))
+            if tokens is None:
+                pool = pools[stand_in]
+                tokens = pool[
+                    int(hashlib.sha1(b"length " + prompt.encode()).hexdigest()[:8], 16) % len(pool)
+                ]
+            for model in ROUTERDC_MODELS:
+                yield Sample(prompt, row["source_file"], model, float(row[model]), tokens)
+
+
+def all_samples(data_dir: Path) -> list[Sample]:
+    """`iter_samples` and `iter_routerdc_samples`, the data read once."""
+    first = list(iter_samples(data_dir))
+    return first + list(iter_routerdc_samples(data_dir, first))
+
+
 def _quantiles(values: list[float]) -> list[float]:
     values = sorted(values)
     n = len(values)
@@ -129,7 +210,7 @@ def fit_distributions(data_dir: Path) -> dict[str, object]:
     """Per model and task quantiles of score and length; the committed artefact."""
     scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     lengths: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for s in iter_samples(data_dir):
+    for s in all_samples(data_dir):
         for task in (s.task, "general"):
             scores[s.model][task].append(s.score)
             lengths[s.model][task].append(s.tokens)
@@ -147,7 +228,8 @@ def fit_distributions(data_dir: Path) -> dict[str, object]:
     }
     return {
         "source": "shared/data/router_quality: RouterBench 0-shot (arc-challenge, mbpp, "
-        "winogrande; via RouterDC) and RouteLLM gsm8k_responses; tokens = chars / 4",
+        "winogrande; via RouterDC), RouteLLM gsm8k_responses, and RouterDC's scores of "
+        "seven open models (lengths from a stand-in model); tokens = chars / 4",
         "command": "edgeroute worker fit-profiles",
         "models": models,
     }
@@ -198,7 +280,7 @@ class PromptIndex:
     @classmethod
     def build(cls, data_dir: Path) -> PromptIndex:
         index: dict[str, dict[str, Sample]] = defaultdict(dict)
-        for s in iter_samples(data_dir):
+        for s in all_samples(data_dir):
             index[prompt_key(s.prompt)].setdefault(s.model, s)
         return cls(dict(index))
 

@@ -70,6 +70,9 @@ class WorkerConfig(BaseModel):
     # Prompts not in the data sets answer like this task's prompts. The multiple-choice
     # tasks answer with one letter; free-form chat is closer to code generation.
     default_task: str = "mbpp"
+    # Answer as this model of the quality data rather than the profile's own (the
+    # profile then sets only the hardware): e.g. one of RouterDC's seven models.
+    answers_as: str | None = None
     redis_url: str | None = None  # follow the NetKV oracle's topology in the shared store
     # This instance's own network weather: the mean background utilisation of each
     # tier into it, around which it wanders (never read from the oracle).
@@ -181,7 +184,7 @@ class Worker:
         )
         self.metrics = WorkerMetrics(self.engine, config.names[0], self.network_counters)
         self.engine.observers.append(self.metrics.observe)
-        data_model = PROFILES[config.profile].data_model
+        data_model = config.answers_as or PROFILES[config.profile].data_model
         self.truth = GroundTruth(data_model, config.data_dir) if data_model else None
         self.links: dict[str, SharedLink] = {}
         self.started = int(time.time())

@@ -108,9 +108,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=[],
         metavar="NAME=DIR[,DIR...]",
         help="an agent's training runs (folders with actor.onnx), repeatable; "
-        "default: every run in models/qos/runs",
+        "default: every run in the quality's runs/",
     )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
+    q.add_argument(
+        "--quality",
+        choices=["routerbench", "routerdc"],
+        default="routerbench",
+        help="the quality data (RouterBench's MBPP, or RouterDC's graded tasks); its "
+        "predictor and runs are in models/qos or models/qos/routerdc",
+    )
     q.add_argument(
         "--live",
         action="store_true",
@@ -291,9 +298,14 @@ def _qos(a: argparse.Namespace) -> None:
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
+        if a.quality != "routerbench":
+            raise SystemExit(
+                "--live runs RouterBench's prompts: the emulated workers "
+                "answer with RouterBench's models only"
+            )
         live(a.quick, a.seed, a.json, runs, a.requests, n_seeds=a.seeds)
         return
-    main(a.quick, a.seed, a.json, runs, a.trace)
+    main(a.quick, a.seed, a.json, runs, a.trace, a.quality)
 
 
 def _growth(a: argparse.Namespace) -> None:

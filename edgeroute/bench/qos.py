@@ -23,11 +23,14 @@ import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
+from edgeroute.qos.config import quality_dir
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import (
     HELD_OUT_HARDWARE,
+    QUALITY_MODELS,
     EdgeEnv,
+    Quality,
     ServedPredictor,
     azure_arrivals,
     default_experts,
@@ -39,12 +42,18 @@ from policies.qos_drl import QoSDRL, ScorePredictor
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
 
-RUNS = Path(__file__).resolve().parents[2] / "models" / "qos" / "runs"
 VARIANTS = ("full", "dsa", "baseline")
+# What a quality world's prompts are, for the notes.
+PROMPTS = {
+    "routerbench": "MBPP prompts of RouterBench, scored 0/1",
+    "routerdc": "RouterDC free-form prompts (GSM8K, MBPP, HumanEval, JavaScript, MATH), "
+    "scored as the share of 10 sampled answers that were right",
+}
 
 
-def trained_runs(runs: Path = RUNS) -> dict[str, list[Path]]:
+def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
     """Each variant's training runs (one folder per training seed) that hold an actor."""
+    runs = quality_dir(quality) / "runs"
     found = {v: sorted(p.parent for p in runs.glob(f"{v}-s*/actor.onnx")) for v in VARIANTS}
     return {v: dirs for v, dirs in found.items() if dirs}
 
@@ -55,17 +64,19 @@ def main(
     json_path: str | None,
     models: dict[str, list[Path]],
     trace: str | None,
+    quality: Quality = "routerbench",
 ) -> None:
-    """`models`: each agent's training runs; by default every run in models/qos/runs.
-    An agent's figure pools its training seeds and the environment seeds."""
+    """`models`: each agent's training runs; by default every run in the quality
+    world's runs/. An agent's figure pools its training seeds and the environment
+    seeds."""
     from workers.quality import default_data_dir
 
     data = default_data_dir()
-    tasks = load_tasks(data, split="eval")
+    tasks = load_tasks(data, split="eval", quality=quality)
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
     episode = 256 if quick else 512
-    predictor = ServedPredictor(ScorePredictor())
-    models = models or trained_runs()
+    predictor = ServedPredictor(ScorePredictor(quality_dir(quality)))
+    models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
     agents: dict[str, list[QoSDRL]] = {
@@ -88,7 +99,7 @@ def main(
         it) or the k-th held-out hardware; a trace is read from its k-th window."""
         hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out else 0
         return EdgeEnv(
-            default_experts(n, seed=hardware),
+            default_experts(n, seed=hardware, models=QUALITY_MODELS[quality]),
             tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
@@ -153,7 +164,8 @@ def main(
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
         "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "
         "half-width). Predictions are the served predictor's own outputs; prompts are "
-        f"the evaluation split ({len(tasks)} MBPP prompts no model here trained on). "
+        f"the evaluation split ({len(tasks)} {PROMPTS[quality]}; no model here trained on "
+        "them). "
         "Hardware is seed 0 or, for `held-out hardware`, seeds "
         f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on. The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
@@ -168,10 +180,13 @@ def main(
             "## Decision latency (features + ONNX, one core, full queues)\n\n"
             + table(latency, ["policy", "backends", "decision_us_p50", "decision_us_p99"])
         )
+    name = "qos" if quality == "routerbench" else f"qos_{quality}"
     write(
-        "qos",
+        name,
         {
-            "command": "edgeroute bench qos" + (" --quick" if quick else ""),
+            "command": "edgeroute bench qos"
+            + (" --quick" if quick else "")
+            + (f" --quality {quality}" if quality != "routerbench" else ""),
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,
         },
@@ -181,7 +196,7 @@ def main(
         notes="\n\n".join(notes),
         quick=quick,
     )
-    plot(rows, output_dir(quick) / "qos.png")
+    plot(rows, output_dir(quick) / f"{name}.png")
 
 
 def verdict(agent: list[float], best: list[float]) -> str:

@@ -1,8 +1,9 @@
 """The QoS comparison through the real gateway: `edgeroute bench qos --live`.
 
 Six emulated workers (time-scaled) serve the six open RouterBench models behind one
-alias; real MBPP prompts of the evaluation split (which neither the predictor nor the
-agent trained on) arrive by a Poisson process (the same prompts and instants
+alias (or, with `quality` routerdc, answer as six of RouterDC's models on the same six
+hardware profiles); real prompts of the evaluation split (which neither the predictor
+nor the agent trained on) arrive by a Poisson process (the same prompts and instants
 for every policy). QoS per request is the worker's reported ground-truth score
 (`x-emulated-score`) times [latency per token <= L], with latency measured by the
 client in emulated seconds; a shed request (503) scores 0.
@@ -23,7 +24,7 @@ import httpx
 from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.stats import shown
 from edgeroute.results_io import write
-from edgeroute.sim.edge import load_tasks
+from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
 from gateway.app import create_app
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
@@ -31,6 +32,11 @@ from workers.profiles import EXPERTS
 from workers.server import Worker, WorkerConfig
 
 ALIAS = "edge"
+WORKERS = {
+    "routerbench": "the six open RouterBench models, MBPP prompts",
+    "routerdc": "the six hardware profiles of RouterBench's open models, answering as "
+    "the first six of RouterDC's models, RouterDC's free-form prompts",
+}
 
 
 async def run_policy(
@@ -41,18 +47,24 @@ async def run_policy(
     latency: float,
     data_dir: Path,
     port: int,
+    quality: Quality = "routerbench",
 ) -> dict[str, Any]:
+    """`quality` routerbench: each worker is its RouterBench model's profile; routerdc:
+    the same hardware, answering as RouterDC's models in turn (and named after them,
+    as the predictor knows them)."""
+    answers = QUALITY_MODELS[quality] if quality != "routerbench" else (None,) * len(EXPERTS)
     workers = [
         Worker(
             WorkerConfig(
                 profile=p,
-                served_model_names=[p, ALIAS],
+                served_model_names=[a or p, ALIAS],
+                answers_as=a,
                 port=port + 1 + i,
                 speedup=speedup,
                 data_dir=data_dir,
             )
         )
-        for i, p in enumerate(EXPERTS)
+        for i, (p, a) in enumerate(zip(EXPERTS, answers, strict=False))
     ]
     settings = Settings.model_validate(
         {
@@ -117,6 +129,7 @@ def main(
     speedup: float = 10.0,
     latency_ms: float = 30.0,
     n_seeds: int = 3,
+    quality: Quality = "routerbench",
 ) -> None:
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
@@ -125,10 +138,10 @@ def main(
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
-    models = models or trained_runs()
+    models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
-    pool = load_tasks(data_dir, split="eval")
+    pool = load_tasks(data_dir, split="eval", quality=quality)
     rows: list[dict[str, Any]] = []
     for k, one_seed in enumerate(seeds):
         rng = random.Random(one_seed)
@@ -144,7 +157,14 @@ def main(
         for i, (name, spec) in enumerate(specs.items()):
             r = asyncio.run(
                 run_policy(
-                    spec, prompts, gaps, speedup, latency_ms / 1000, data_dir, 18800 + 20 * i
+                    spec,
+                    prompts,
+                    gaps,
+                    speedup,
+                    latency_ms / 1000,
+                    data_dir,
+                    18800 + 20 * i,
+                    quality,
                 )
             )
             rows.append({"seed": one_seed, "policy": name, **r})
@@ -171,10 +191,11 @@ def main(
             }
         )
     write(
-        "qos_live",
+        "qos_live" if quality == "routerbench" else f"qos_live_{quality}",
         {
             "command": "edgeroute bench qos --live"
-            + (" --quick" if quick else f" --seeds {n_seeds}"),
+            + (" --quick" if quick else f" --seeds {n_seeds}")
+            + (f" --quality {quality}" if quality != "routerbench" else ""),
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,
@@ -194,8 +215,8 @@ def main(
         ],
         json_path,
         notes=(
-            f"Through the gateway: six emulated workers (the six open RouterBench models, "
-            f"time-scaled x{speedup:g}), {requests} evaluation-split MBPP prompts per seed "
+            f"Through the gateway: six emulated workers ({WORKERS[quality]}, "
+            f"time-scaled x{speedup:g}), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
             f"{latency_ms:g} ms. QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "

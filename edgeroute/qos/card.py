@@ -14,6 +14,10 @@ from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
 
 TRAINING_CODE = ("edgeroute/qos", "edgeroute/sim/edge.py", "policies/qos_state.py")
+PROMPTS = {
+    "routerbench": "MBPP of `router_quality/`, RouterBench's 0/1 scores",
+    "routerdc": "RouterDC's free-form tasks of `router_quality/`, graded scores",
+}
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -79,10 +83,17 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
     cfg = runs[shipped]["config"]
-    plot_curves(runs, RESULTS / "qos_training.png")
-    splits = {s: len(load_tasks(data_dir, split=s)) for s in ("predictor", "agent", "eval")}
+    quality = cfg.get("quality", "routerbench")
+    suffix = "" if quality == "routerbench" else f"_{quality}"
+    flag = "" if quality == "routerbench" else f" --quality {quality}"
+    plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
+    splits = {
+        s: len(load_tasks(data_dir, split=s, quality=quality))
+        for s in ("predictor", "agent", "eval")
+    }
+    folder = f"models/qos{'/' + quality if suffix else ''}"
     lines = [
-        "# QoS-DRL router: model card",
+        "# QoS-DRL router: model card" + (f" ({quality} quality)" if suffix else ""),
         "",
         "Written by `edgeroute train qos-card` from the training records in `runs/` and the",
         "benchmark results; figures are those runs' own.",
@@ -109,10 +120,10 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             else "exported as trained"
         )
         + f". Training code last changed at `{_commit()}`.",
-        "- Each run: `edgeroute train qos --variant V --seed S --steps "
-        f"{cfg['steps']} --out models/qos/runs/V-sS` (the other settings are the defaults",
-        "  of `edgeroute/qos/config.py`); then `cp models/qos/runs/"
-        f"{shipped}/actor.onnx models/qos/` and `edgeroute train qos-card`.",
+        f"- Each run: `edgeroute train qos{flag} --variant V --seed S --steps "
+        f"{cfg['steps']} --out {folder}/runs/V-sS` (the other settings are the defaults",
+        f"  of `edgeroute/qos/config.py`); then `cp {folder}/runs/"
+        f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}`.",
         f"- Config: {', '.join(f'{k}={v}' for k, v in cfg.items() if k not in ('variant', 'seed'))}.",
         f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
         f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1}"
@@ -121,7 +132,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             if cfg.get("randomise")
             else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
         ),
-        f"- Prompts (MBPP of `router_quality/`, split by a hash of the prompt): predictor "
+        f"- Prompts ({PROMPTS[quality]}, split by a hash of the prompt): predictor "
         f"{splits['predictor']}, agent {splits['agent']}, evaluation {splits['eval']}. "
         "Predictions in training are the served predictor's outputs.",
         "- Checkpoints are chosen on 4 episodes of the default setting (lambda=5, L=30 ms) "
@@ -141,11 +152,11 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             f"{run['sqf_eval_qos']:.3f} | {plateau(run['history']):+.3f} | "
             f"{run['onnx_parity_max_abs']:.1e} |"
         )
-    lines += ["", "Learning curves: `edgeroute/bench/results/qos_training.png`.", ""]
-    bench = _json(RESULTS / "qos.json")
+    lines += ["", f"Learning curves: `edgeroute/bench/results/qos_training{suffix}.png`.", ""]
+    bench = _json(RESULTS / f"qos{suffix}.json")
     if bench:
         lines += [
-            "## Evaluation (`edgeroute bench qos`, held-out prompts and hardware)",
+            f"## Evaluation (`edgeroute bench qos{flag}`, held-out prompts and hardware)",
             "",
             "| setting | agent | agent QoS | best heuristic | its QoS | verdict |",
             "|---|---|---|---|---|---|",
@@ -164,7 +175,13 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
                         f"{best['qos_ci']} | {r.get('against_best', '')} |"
                     )
         lines.append("")
-    live = _json(RESULTS / "qos_live.json")
+    live = _json(RESULTS / "qos_live.json") if quality == "routerbench" else None
+    if quality != "routerbench":
+        lines += [
+            "No live run in this quality world: the emulated workers answer as RouterBench's",
+            "models only.",
+            "",
+        ]
     if live:
         lines += [
             "## Live, through the gateway (`edgeroute bench qos --live`)",
@@ -188,8 +205,12 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             f"- Score top-1 {pred['score_top1']:.3f} (majority bucket "
             f"{pred['majority_score_top1']:.3f}); length top-1 {pred['length_top1']:.3f} "
             f"(majority {pred['majority_length_top1']:.3f}), top-3 {pred['length_top3']:.3f}.",
-            "- RouterBench's MBPP scores are 0/1, so the score head has little to learn;",
-            "  see docs/research.md for what this means for the router.",
+            (
+                "- RouterBench's MBPP scores are 0/1, so the score head has little to learn;"
+                if quality == "routerbench"
+                else f"- Expected score against the true one, correlation {pred['score_corr']:.3f}."
+            ),
+            "  See docs/research.md for what this means for the router.",
             "",
         ]
     path = model_dir / "MODEL_CARD.md"

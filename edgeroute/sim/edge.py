@@ -31,7 +31,7 @@ import numpy as np
 
 from policies.qos_state import encode, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
-from workers.quality import iter_samples
+from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
 if TYPE_CHECKING:
     from policies.qos_drl import ScorePredictor
@@ -52,16 +52,6 @@ MODELS = (
     "claude-v1",
     "claude-v2",
     "gpt-4-1106-preview",
-)
-# RouterDC's seven open 7-8B models, scored per prompt (`routerdc_tasks`).
-ROUTERDC_MODELS = (
-    "mistralai/Mistral-7B-v0.1",
-    "meta-math/MetaMath-Mistral-7B",
-    "itpossible/Chinese-Mistral-7B-v0.1",
-    "HuggingFaceH4/zephyr-7b-beta",
-    "cognitivecomputations/dolphin-2.6-mistral-7b",
-    "meta-llama/Meta-Llama-3-8B",
-    "cognitivecomputations/dolphin-2.9-llama3-8b",
 )
 # Where a request's quality comes from: RouterBench's MBPP answers (0/1 per prompt and
 # model) or RouterDC's free-form tasks (graded: the share of 10 sampled answers that
@@ -180,68 +170,21 @@ def load_tasks(
     return tasks
 
 
-ROUTERDC_FILE = "routerdc_7model_scores.csv.gz"
-# RouterDC's free-form sources, and the open model whose real answers stand in for
-# their lengths (RouterDC has scores only): RouteLLM's Mixtral on GSM8K and
-# RouterBench's Mistral-7B on MBPP (code, MATH's worked answers as GSM8K's).
-ROUTERDC_LENGTHS = {
-    "gsm8k-test": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
-    "gsm8k-train": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
-    "MATH_prealgebra": ("gsm8k", "mistralai/mixtral-8x7b-chat"),
-    "mbpp": ("mbpp", "mistralai/mistral-7b-chat"),
-    "humaneval_test": ("mbpp", "mistralai/mistral-7b-chat"),
-    "humaneval_train": ("mbpp", "mistralai/mistral-7b-chat"),
-    "javascript": ("mbpp", "mistralai/mistral-7b-chat"),
-}
-
-
-def _lookup_key(text: str) -> str:
-    return " ".join(text.split()).lower()
-
-
-def _first_line(text: str) -> str:
-    """MBPP as RouterDC wraps it (a docstring holding the task, then its asserts): the
-    task's line, as RouterBench gives it."""
-    lines = [x for x in text.strip().strip('"').strip().splitlines() if x.strip()]
-    return _lookup_key(lines[0]) if lines else ""
-
-
 def routerdc_tasks(data_dir: Path) -> list[Task]:
-    """RouterDC's free-form prompts with each of its seven models' real score. A prompt's
-    output length is the same for every model: the real length of the stand-in model's
-    answer to it where router_quality/ has one (all of GSM8K's test set, a quarter of
-    MBPP), else a draw from that model's lengths on that kind of task, fixed by the
-    prompt's hash."""
-    csv.field_size_limit(1 << 30)
-    real: dict[tuple[str, str], dict[str, int]] = {}
-    drawn: dict[tuple[str, str], list[int]] = {}
-    wanted = set(ROUTERDC_LENGTHS.values())
-    for s in iter_samples(data_dir):
-        if (s.task, s.model) in wanted:
-            real.setdefault((s.task, s.model), {})[_lookup_key(s.prompt)] = s.tokens
-            drawn.setdefault((s.task, s.model), []).append(min(MAX_TOKENS, max(1, s.tokens)))
-    tasks: dict[str, Task] = {}
-    with gzip.open(data_dir / "router_quality" / ROUTERDC_FILE, "rt", newline="") as fh:
-        for row in csv.DictReader(fh):
-            stand_in = ROUTERDC_LENGTHS.get(row["source_file"])
-            prompt = row["question"]
-            if stand_in is None or prompt in tasks:
-                continue
-            known = real.get(stand_in, {})
-            found = known.get(_lookup_key(prompt)) or known.get(_first_line(prompt))
-            if found is None:
-                # Not `prompt_share`, which places the splits: lengths would follow them.
-                pool = sorted(drawn[stand_in])
-                draw = int(hashlib.sha1(b"length " + prompt.encode()).hexdigest()[:8], 16)
-                found = pool[draw % len(pool)]
-            length = min(MAX_TOKENS, max(1, found))
-            tasks[prompt] = Task(
-                prompt,
-                min(MAX_PROMPT_TOKENS, max(1, (len(prompt) + 3) // 4)),
-                {m: float(row[m]) for m in ROUTERDC_MODELS},
-                dict.fromkeys(ROUTERDC_MODELS, length),
-            )
-    return list(tasks.values())
+    """RouterDC's free-form prompts with each of its seven models' real score and the
+    stand-in length (`workers.quality.iter_routerdc_samples`), capped as RouterBench's."""
+    by_prompt: dict[str, dict[str, Sample]] = {}
+    for sample in iter_routerdc_samples(data_dir):
+        by_prompt.setdefault(sample.prompt, {})[sample.model] = sample
+    return [
+        Task(
+            prompt,
+            min(MAX_PROMPT_TOKENS, max(1, (len(prompt) + 3) // 4)),
+            {m: a.score for m, a in answers.items()},
+            {m: min(MAX_TOKENS, max(1, a.tokens)) for m, a in answers.items()},
+        )
+        for prompt, answers in by_prompt.items()
+    ]
 
 
 def bucket(value: float, top: float) -> int:

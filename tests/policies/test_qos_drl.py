@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from policies.qos_drl import ScorePredictor
+import json
+import shutil
+from pathlib import Path
+
+from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL, ScorePredictor
 
 
 def test_backends_sharing_a_model_share_one_prediction_row() -> None:
@@ -13,3 +17,20 @@ def test_backends_sharing_a_model_share_one_prediction_row() -> None:
         alone = [predictor.predict(prompt, [e])[0] for e in experts]
         assert together == alone
     assert predictor.predict("x", []) == []
+
+
+def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path: Path) -> None:
+    """A run in `<world>/runs/<run>/` trained with `<world>`'s predictor; a lone actor
+    falls back to the one the gateway ships."""
+    world = tmp_path / "world"
+    run = world / "runs" / "full-s0"
+    run.mkdir(parents=True)
+    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", run / "actor.onnx")
+    routerdc = json.loads((DEFAULT_MODEL_DIR / "routerdc" / "predictor.json").read_text())
+    for name in ("predictor.onnx", "predictor.json"):
+        shutil.copy(DEFAULT_MODEL_DIR / "routerdc" / name, world / name)
+    assert QoSDRL(run).predictor.models == routerdc["models"]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
+    assert QoSDRL(lone).predictor.models == QoSDRL().predictor.models != routerdc["models"]

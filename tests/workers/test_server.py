@@ -184,6 +184,31 @@ def test_dataset_prompts_replay_the_models_real_lengths_and_scores(start_worker:
         assert raw.headers["x-emulated-task"] == "mbpp"
 
 
+@needs_data("RouterDC's scores in router_quality/")
+def test_a_worker_can_answer_as_a_routerdc_model_on_its_profiles_hardware(
+    start_worker: Start,
+) -> None:
+    """`answers_as` takes the answers of another model of the quality data: RouterDC's
+    graded score of that model on the prompt, not the profile's own model's."""
+    model = "meta-math/MetaMath-Mistral-7B"
+    path = DATA_DIR / "router_quality" / "routerdc_7model_scores.csv.gz"
+    with gzip.open(path, "rt", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["source_file"] == "gsm8k-test"][:4]
+    url, _ = start_worker(
+        profile="mixtral-8x7b-chat", answers_as=model, served_model_names=[model], speedup=50.0
+    )
+    seen = set()
+    for row in rows:
+        raw = client(url).chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": row["question"]}]
+        )
+        assert raw.headers["x-emulated-source"] == "dataset"
+        assert raw.headers["x-emulated-task"] == "gsm8k-test"
+        assert float(raw.headers["x-emulated-score"]) == float(row[model])
+        seen.add(float(row[model]))
+    assert seen - {0.0, 1.0}  # graded scores among them, not only right or wrong
+
+
 def test_other_prompts_draw_from_the_models_task_distribution(start_worker: Start) -> None:
     url, _ = start_worker(speedup=50.0)
     raw = client(url).chat.completions.with_raw_response.create(

@@ -103,8 +103,9 @@ def tiny(**kw: object) -> TrainConfig:
 
 
 @needs_data("the quality data")
-def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path) -> None:
-    result = train(tiny(), DATA_DIR, tmp_path)
+@pytest.mark.parametrize("quality", ["routerbench", "routerdc"])
+def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path, quality: str) -> None:
+    result = train(tiny(quality=quality), DATA_DIR, tmp_path)
     assert (tmp_path / "actor.onnx").exists() and (tmp_path / "best_actor.pt").exists()
     assert result["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
     history = result["history"]
