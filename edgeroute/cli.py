@@ -237,6 +237,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         update_every=args.update_every,
         batch=args.batch,
         eval_every=args.eval_every,
+        select_on=args.select_on,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
         lr=args.lr,
@@ -433,6 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--steps", type=int, default=t.steps, help="environment steps")
     q.add_argument("--warmup", type=int, default=t.warmup, help="random steps before learning")
     q.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between evaluations")
+    q.add_argument(
+        "--select-on",
+        choices=["default", "sweep"],
+        default=t.select_on,
+        help="choose the checkpoint on the default setting or on every point of the "
+        "paper's sweep (training hardware and prompts either way)",
+    )
     q.add_argument("--envs", type=int, default=t.envs, help="environments stepped together")
     q.add_argument(
         "--update-every", type=int, default=t.update_every, help="env steps per SAC update"

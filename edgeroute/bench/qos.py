@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
-from edgeroute.qos.config import quality_dir
+from edgeroute.qos.config import SWEEP_LATENCIES_MS, SWEEP_RATES, quality_dir
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import (
@@ -111,8 +111,8 @@ def main(
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
     if not quick:
         settings += [(f"N={n}", {"n": n}) for n in (3, 9, 12)]
-        settings += [(f"lambda={r:g}", {"rate": r}) for r in (3.0, 4.0, 6.0, 8.0)]
-        settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in (20.0, 25.0, 40.0)]
+        settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
+        settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
         settings.append(("held-out hardware", {"held_out": True}))
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []

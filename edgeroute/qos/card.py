@@ -135,8 +135,14 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         f"- Prompts ({PROMPTS[quality]}, split by a hash of the prompt): predictor "
         f"{splits['predictor']}, agent {splits['agent']}, evaluation {splits['eval']}. "
         "Predictions in training are the served predictor's outputs.",
-        "- Checkpoints are chosen on 4 episodes of the default setting (lambda=5, L=30 ms) "
-        f"on training hardware and agent prompts; evaluation uses hardware seed 0 and "
+        (
+            "- Checkpoints are chosen on one episode at each point of the paper's sweep "
+            "(lambda 3-8/s at L=30 ms, L 20-40 ms at lambda=5) "
+            if cfg.get("select_on") == "sweep"
+            else f"- Checkpoints are chosen on {cfg.get('eval_episodes', 4)} episodes of the "
+            "default setting (lambda=5, L=30 ms) "
+        )
+        + f"on training hardware and agent prompts; evaluation uses hardware seed 0 and "
         f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]} and the evaluation prompts.",
         "",
         "## Runs",

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeroute.qos.config import LATENCIES_MS, RATES, TrainConfig, quality_dir
+from edgeroute.qos.config import (
+    LATENCIES_MS,
+    RATES,
+    SWEEP_LATENCIES_MS,
+    SWEEP_RATES,
+    TrainConfig,
+    quality_dir,
+)
 from edgeroute.qos.evaluate import evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
@@ -122,15 +129,28 @@ class Pending:
         self.waiting = keep
 
 
+def eval_settings(cfg: TrainConfig) -> list[tuple[float, float]]:
+    """The (lambda, L ms) of each evaluation episode: the default setting every time,
+    or ("sweep") the default and then each point of the paper's sweeps once."""
+    default = (cfg.rate, cfg.latency_ms)
+    if cfg.select_on != "sweep":
+        return [default] * cfg.eval_episodes
+    return [
+        default,
+        *((r, cfg.latency_ms) for r in SWEEP_RATES),
+        *((cfg.rate, lat) for lat in SWEEP_LATENCIES_MS),
+    ]
+
+
 def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
-    """The default setting on training hardware and prompts (hardware seeds 1, 2, ...):
-    what checkpoints are chosen by, so the held-out splits stay unseen."""
+    """Episodes on training hardware and prompts (hardware seeds 1, 2, ...): what
+    checkpoints are chosen by, so the held-out splits stay unseen."""
     scores = []
-    for k in range(cfg.eval_episodes):
+    for k, (rate, latency_ms) in enumerate(eval_settings(cfg)):
         env.reset(  # the environment keeps this hardware, load and L for `evaluate`
             experts=experts_for(cfg, TRAIN_HARDWARE[k]),
-            rate=cfg.rate,
-            latency_req=cfg.latency_ms / 1000,
+            rate=rate,
+            latency_req=latency_ms / 1000,
         )
         scores.append(evaluate(env, policy, [1001 + k]))
     return {

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from edgeroute.qos.config import TrainConfig
+from edgeroute.qos.config import SWEEP_LATENCIES_MS, SWEEP_RATES, TrainConfig
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
-from edgeroute.qos.train import train
+from edgeroute.qos.train import eval_settings, train
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
@@ -150,3 +150,11 @@ def test_a_decision_is_credited_with_its_own_requests_qos(tmp_path: Path) -> Non
     pending.settle(env)
     assert replay.size == 2 and not pending.waiting
     assert replay.reward[1] == pytest.approx(env.qos(routed) - env.last_penalty)
+
+
+def test_sweep_selection_scores_each_point_of_the_benchmarks_sweep_once() -> None:
+    points = eval_settings(TrainConfig(select_on="sweep"))
+    assert points[0] == (5.0, 30.0) and len(set(points)) == len(points) == 8
+    assert {r for r, lat in points if lat == 30.0} == {5.0, *SWEEP_RATES}
+    assert {lat for r, lat in points if r == 5.0} == {30.0, *SWEEP_LATENCIES_MS}
+    assert eval_settings(TrainConfig()) == [(5.0, 30.0)] * 4
