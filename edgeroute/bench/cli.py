@@ -298,12 +298,7 @@ def _qos(a: argparse.Namespace) -> None:
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
-        if a.quality != "routerbench":
-            raise SystemExit(
-                "--live runs RouterBench's prompts: the emulated workers "
-                "answer with RouterBench's models only"
-            )
-        live(a.quick, a.seed, a.json, runs, a.requests, n_seeds=a.seeds)
+        live(a.quick, a.seed, a.json, runs, a.requests, n_seeds=a.seeds, quality=a.quality)
         return
     main(a.quick, a.seed, a.json, runs, a.trace, a.quality)
 
