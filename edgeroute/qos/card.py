@@ -86,6 +86,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     quality = cfg.get("quality", "routerbench")
     suffix = "" if quality == "routerbench" else f"_{quality}"
     flag = "" if quality == "routerbench" else f" --quality {quality}"
+    selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
     plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
     splits = {
         s: len(load_tasks(data_dir, split=s, quality=quality))
@@ -120,7 +121,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             else "exported as trained"
         )
         + f". Training code last changed at `{_commit()}`.",
-        f"- Each run: `edgeroute train qos{flag} --variant V --seed S --steps "
+        f"- Each run: `edgeroute train qos{flag}{selection} --variant V --seed S --steps "
         f"{cfg['steps']} --out {folder}/runs/V-sS` (the other settings are the defaults",
         f"  of `edgeroute/qos/config.py`); then `cp {folder}/runs/"
         f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}`.",
@@ -181,16 +182,10 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
                         f"{best['qos_ci']} | {r.get('against_best', '')} |"
                     )
         lines.append("")
-    live = _json(RESULTS / "qos_live.json") if quality == "routerbench" else None
-    if quality != "routerbench":
-        lines += [
-            "No live run in this quality world: the emulated workers answer as RouterBench's",
-            "models only.",
-            "",
-        ]
+    live = _json(RESULTS / f"qos_live{suffix}.json")
     if live:
         lines += [
-            "## Live, through the gateway (`edgeroute bench qos --live`)",
+            f"## Live, through the gateway (`edgeroute bench qos --live{flag}`)",
             "",
             "| policy | QoS | met L | drops | requests |",
             "|---|---|---|---|---|",
