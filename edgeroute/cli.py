@@ -421,12 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="the paper's agent, its DSA ablation, or the baseline RL",
     )
-    from edgeroute.qos.config import TrainConfig
+    from edgeroute.qos.config import QUALITIES, TrainConfig
 
     t = TrainConfig()
     q.add_argument(
         "--quality",
-        choices=["routerbench", "routerdc"],
+        choices=QUALITIES,
         default=t.quality,
         help="the quality data: RouterBench's MBPP (0/1) or RouterDC's graded tasks; "
         "the predictor is the one in that world's folder (models/qos, models/qos/routerdc)",
@@ -522,8 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "--quality",
-        choices=["routerbench", "routerdc"],
-        default="routerbench",
+        choices=QUALITIES,
+        default=QUALITIES[0],
         help="the quality data: RouterBench's MBPP (0/1) or RouterDC's graded tasks",
     )
     pr.add_argument("--out", default="models/qos", help="where the predictors go")

@@ -278,9 +278,9 @@ class PromptIndex:
         self._samples = samples
 
     @classmethod
-    def build(cls, data_dir: Path) -> PromptIndex:
+    def build(cls, samples: Iterable[Sample]) -> PromptIndex:
         index: dict[str, dict[str, Sample]] = defaultdict(dict)
-        for s in all_samples(data_dir):
+        for s in samples:
             index[prompt_key(s.prompt)].setdefault(s.model, s)
         return cls(dict(index))
 
@@ -292,9 +292,15 @@ class PromptIndex:
 
 
 @lru_cache(maxsize=4)
-def prompt_index(data_dir: Path) -> PromptIndex:
-    """One index per data folder per process, shared by every worker in it."""
-    return PromptIndex.build(data_dir) if data_dir.exists() else PromptIndex({})
+def prompt_index(data_dir: Path, routerdc: bool = False) -> PromptIndex:
+    """One index per data folder and source per process, shared by every worker in it:
+    RouterDC's models answer only in `iter_routerdc_samples`, the others only in
+    `iter_samples`, so a worker reads just the source that holds its model."""
+    if not data_dir.exists():
+        return PromptIndex({})
+    return PromptIndex.build(
+        iter_routerdc_samples(data_dir) if routerdc else iter_samples(data_dir)
+    )
 
 
 @lru_cache(maxsize=1)
@@ -307,7 +313,11 @@ class GroundTruth:
 
     def __init__(self, model: str, data_dir: Path | None) -> None:
         self.model = model
-        self._index = prompt_index(data_dir) if data_dir is not None else PromptIndex({})
+        self._index = (
+            prompt_index(data_dir, model in ROUTERDC_MODELS)
+            if data_dir is not None
+            else PromptIndex({})
+        )
         self._dist = expert_distributions()
         if model not in self._dist.models():
             raise ValueError(f"no quality data for model {model!r}")

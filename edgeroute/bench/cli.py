@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgeroute.qos.config import QUALITIES
+
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help line, unless the help already names it."""
@@ -113,8 +115,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
     q.add_argument(
         "--quality",
-        choices=["routerbench", "routerdc"],
-        default="routerbench",
+        choices=QUALITIES,
+        default=QUALITIES[0],
         help="the quality data (RouterBench's MBPP, or RouterDC's graded tasks); its "
         "predictor and runs are in models/qos or models/qos/routerdc",
     )

@@ -23,7 +23,14 @@ import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
-from edgeroute.qos.config import SWEEP_LATENCIES_MS, SWEEP_RATES, quality_dir
+from edgeroute.qos.config import (
+    QUALITY_PROMPTS,
+    SWEEP_LATENCIES_MS,
+    SWEEP_RATES,
+    quality_dir,
+    quality_flag,
+    quality_suffix,
+)
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import (
@@ -43,12 +50,6 @@ PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and ev
 
 
 VARIANTS = ("full", "dsa", "baseline")
-# What a quality world's prompts are, for the notes.
-PROMPTS = {
-    "routerbench": "MBPP prompts of RouterBench, scored 0/1",
-    "routerdc": "RouterDC free-form prompts (GSM8K, MBPP, HumanEval, JavaScript, MATH), "
-    "scored as the share of 10 sampled answers that were right",
-}
 
 
 def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
@@ -164,7 +165,7 @@ def main(
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
         "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "
         "half-width). Predictions are the served predictor's own outputs; prompts are "
-        f"the evaluation split ({len(tasks)} {PROMPTS[quality]}; no model here trained on "
+        f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
         "Hardware is seed 0 or, for `held-out hardware`, seeds "
         f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on. The trace "
@@ -180,13 +181,13 @@ def main(
             "## Decision latency (features + ONNX, one core, full queues)\n\n"
             + table(latency, ["policy", "backends", "decision_us_p50", "decision_us_p99"])
         )
-    name = "qos" if quality == "routerbench" else f"qos_{quality}"
+    name = "qos" + quality_suffix(quality)
     write(
         name,
         {
             "command": "edgeroute bench qos"
             + (" --quick" if quick else "")
-            + (f" --quality {quality}" if quality != "routerbench" else ""),
+            + quality_flag(quality),
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,
         },

@@ -23,6 +23,7 @@ import httpx
 
 from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.stats import shown
+from edgeroute.qos.config import quality_flag, quality_suffix
 from edgeroute.results_io import write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
 from gateway.app import create_app
@@ -191,11 +192,11 @@ def main(
             }
         )
     write(
-        "qos_live" if quality == "routerbench" else f"qos_live_{quality}",
+        "qos_live" + quality_suffix(quality),
         {
             "command": "edgeroute bench qos --live"
             + (" --quick" if quick else f" --seeds {n_seeds}")
-            + (f" --quality {quality}" if quality != "routerbench" else ""),
+            + quality_flag(quality),
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,

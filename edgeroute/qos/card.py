@@ -10,14 +10,24 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from edgeroute.qos.config import (
+    MODEL_ROOT,
+    QUALITIES,
+    QUALITY_PROMPTS,
+    quality_dir,
+    quality_flag,
+    quality_suffix,
+)
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
 
-TRAINING_CODE = ("edgeroute/qos", "edgeroute/sim/edge.py", "policies/qos_state.py")
-PROMPTS = {
-    "routerbench": "MBPP of `router_quality/`, RouterBench's 0/1 scores",
-    "routerdc": "RouterDC's free-form tasks of `router_quality/`, graded scores",
-}
+# The card's own code is not training code.
+TRAINING_CODE = (
+    "edgeroute/qos",
+    ":(exclude)edgeroute/qos/card.py",
+    "edgeroute/sim/edge.py",
+    "policies/qos_state.py",
+)
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -83,16 +93,15 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
     cfg = runs[shipped]["config"]
-    quality = cfg.get("quality", "routerbench")
-    suffix = "" if quality == "routerbench" else f"_{quality}"
-    flag = "" if quality == "routerbench" else f" --quality {quality}"
+    quality = cfg.get("quality", QUALITIES[0])
+    suffix, flag = quality_suffix(quality), quality_flag(quality)
     selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
     plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
     splits = {
         s: len(load_tasks(data_dir, split=s, quality=quality))
         for s in ("predictor", "agent", "eval")
     }
-    folder = f"models/qos{'/' + quality if suffix else ''}"
+    folder = quality_dir(quality).relative_to(MODEL_ROOT.parents[1])
     lines = [
         "# QoS-DRL router: model card" + (f" ({quality} quality)" if suffix else ""),
         "",
@@ -133,7 +142,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             if cfg.get("randomise")
             else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
         ),
-        f"- Prompts ({PROMPTS[quality]}, split by a hash of the prompt): predictor "
+        f"- Prompts ({QUALITY_PROMPTS[quality]}, split by a hash of the prompt): predictor "
         f"{splits['predictor']}, agent {splits['agent']}, evaluation {splits['eval']}. "
         "Predictions in training are the served predictor's outputs.",
         (
@@ -207,7 +216,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             f"{pred['majority_score_top1']:.3f}); length top-1 {pred['length_top1']:.3f} "
             f"(majority {pred['majority_length_top1']:.3f}), top-3 {pred['length_top3']:.3f}.",
             (
-                "- RouterBench's MBPP scores are 0/1, so the score head has little to learn;"
+                "- RouterBench's MBPP scores are 0/1, so the score head has little to learn."
                 if quality == "routerbench"
                 else f"- Expected score against the true one, correlation {pred['score_corr']:.3f}."
             ),

@@ -13,10 +13,31 @@ if TYPE_CHECKING:
 MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
 
 
+# The quality data a QoS router is trained and measured on (`edgeroute.sim.edge.Quality`):
+# RouterBench's first, the default everywhere.
+QUALITIES = ("routerbench", "routerdc")
+# What each one's prompts are, for results and model cards.
+QUALITY_PROMPTS = {
+    "routerbench": "MBPP prompts of RouterBench, scored 0/1",
+    "routerdc": "RouterDC free-form prompts (GSM8K, MBPP, HumanEval, JavaScript, MATH), "
+    "scored as the share of 10 sampled answers that were right",
+}
+
+
 def quality_dir(quality: str) -> Path:
     """A quality world's folder: its predictor, its runs/ and its model card (RouterBench's
     is models/qos itself, which the gateway serves by default)."""
-    return MODEL_ROOT if quality == "routerbench" else MODEL_ROOT / quality
+    return MODEL_ROOT if quality == QUALITIES[0] else MODEL_ROOT / quality
+
+
+def quality_suffix(quality: str) -> str:
+    """What a results file's name takes for `quality`: nothing for the default."""
+    return "" if quality == QUALITIES[0] else f"_{quality}"
+
+
+def quality_flag(quality: str) -> str:
+    """The command-line option that selects `quality`, as a command's record shows it."""
+    return "" if quality == QUALITIES[0] else f" --quality {quality}"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from edgeroute.qos.config import quality_flag, quality_suffix
 from edgeroute.sim.edge import (
     BUCKETS,
     MAX_TOKENS,
@@ -252,11 +253,11 @@ def compare_encoders(
         "`edgeroute.sim.edge.routerdc_tasks`)",
     }[quality]
     write(
-        "qos_predictors" if quality == "routerbench" else f"qos_predictors_{quality}",
+        "qos_predictors" + quality_suffix(quality),
         {
             "command": "edgeroute train predictors"
             + (" --compare" if minilm else "")
-            + (f" --quality {quality}" if quality != "routerbench" else ""),
+            + quality_flag(quality),
             "epochs": epochs,
             "seed": seed,
         },

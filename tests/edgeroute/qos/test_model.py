@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from edgeroute.qos.config import SWEEP_LATENCIES_MS, SWEEP_RATES, TrainConfig
+from edgeroute.qos.config import (
+    QUALITIES,
+    SWEEP_LATENCIES_MS,
+    SWEEP_RATES,
+    TrainConfig,
+    quality_flag,
+    quality_suffix,
+)
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, train
+from edgeroute.sim.edge import Quality
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
@@ -158,3 +167,8 @@ def test_sweep_selection_scores_each_point_of_the_benchmarks_sweep_once() -> Non
     assert {r for r, lat in points if lat == 30.0} == {5.0, *SWEEP_RATES}
     assert {lat for r, lat in points if r == 5.0} == {30.0, *SWEEP_LATENCIES_MS}
     assert eval_settings(TrainConfig()) == [(5.0, 30.0)] * 4
+
+
+def test_the_qualities_the_commands_offer_are_the_simulators() -> None:
+    assert typing.get_args(Quality) == QUALITIES
+    assert quality_suffix("routerbench") == "" and quality_flag("routerdc") == " --quality routerdc"
