@@ -44,6 +44,17 @@ def _overrides(pairs: list[str], flag: str = "--set") -> dict[str, float | int]:
     return out
 
 
+def _latency_range(text: str) -> tuple[float, float]:
+    """`--latencies LO,HI`: a range of latency targets in ms, 0 < LO <= HI."""
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI in ms, not {text!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
+    return low, high
+
+
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
     from oracle.topology import Topology
     from workers.server import WorkerConfig
@@ -229,6 +240,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         rate=args.rate,
         latency_ms=args.latency_ms,
         randomise=args.randomise,
+        latencies_ms=args.latencies,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -453,7 +465,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--randomise",
         action=argparse.BooleanOptionalAction,
         default=t.randomise,
-        help="draw each episode's lambda in [3, 8]/s and L in [20, 40] ms",
+        help="draw each episode's lambda in [3, 8]/s and L in --latencies",
+    )
+    q.add_argument(
+        "--latencies",
+        type=_latency_range,
+        default=t.latencies_ms,
+        metavar="LO,HI",
+        help="with --randomise: the range each episode's L (ms) is drawn from",
     )
     q.add_argument(
         "--credit",

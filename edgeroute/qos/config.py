@@ -75,7 +75,10 @@ class TrainConfig:
     # decision during which they finish (see docs/research.md for what each measured).
     credit: str = "request"
     impact: str = "reached"  # eq. 15 as written, or "pushed": only requests it pushes over L
-    randomise: bool = True  # each episode draws lambda in RATES and L in LATENCIES_MS
+    randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
+    # The range L is drawn from: the paper's sweep by default. A wider one reaches below
+    # it, where some experts' hardware cannot meet L at all (see docs/research.md).
+    latencies_ms: tuple[float, float] = LATENCIES_MS
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

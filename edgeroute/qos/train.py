@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from edgeroute.qos.config import (
-    LATENCIES_MS,
     RATES,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
@@ -93,7 +92,7 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
     hardware = int(rng.integers(TRAIN_HARDWARE.start, TRAIN_HARDWARE.stop))
     rate, latency = cfg.rate, cfg.latency_ms
     if cfg.randomise:
-        rate, latency = float(rng.uniform(*RATES)), float(rng.uniform(*LATENCIES_MS))
+        rate, latency = float(rng.uniform(*RATES)), float(rng.uniform(*cfg.latencies_ms))
     env.reset(
         int(rng.integers(1 << 30)),
         experts=experts_for(cfg, hardware),

@@ -129,3 +129,12 @@ def test_a_quick_run_writes_beside_the_results_never_over_them() -> None:
         assert f"wrote {results_io.QUICK / name}" in r.stdout
         assert (results_io.QUICK / name).stat().st_size > 0
     assert {p: p.stat().st_mtime_ns for p in results_io.RESULTS.iterdir()} == tracked
+
+
+def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["train", "qos", "--latencies", "15,40"]).latencies == (15.0, 40.0)
+    for bad in ("30,20", "0,20", "20", "a,b"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["train", "qos", "--latencies", bad])
+        assert "--latencies: expected" in capsys.readouterr().err

@@ -172,3 +172,19 @@ def test_sweep_selection_scores_each_point_of_the_benchmarks_sweep_once() -> Non
 def test_the_qualities_the_commands_offer_are_the_simulators() -> None:
     assert typing.get_args(Quality) == QUALITIES
     assert quality_suffix("routerbench") == "" and quality_flag("routerdc") == " --quality routerdc"
+
+
+@needs_data("the quality data")
+def test_episodes_draw_their_latency_target_from_the_configured_range() -> None:
+    from edgeroute.qos.train import make_env, new_episode
+
+    cfg = tiny(latencies_ms=(12.0, 15.0))
+    env = make_env(cfg, DATA_DIR)
+    rng = np.random.default_rng(0)
+    drawn = []
+    for _ in range(20):
+        new_episode(env, cfg, rng)
+        drawn.append(env.L)
+    assert all(0.012 <= x <= 0.015 for x in drawn) and len(set(drawn)) == 20
+    new_episode(env, tiny(), rng)
+    assert 0.020 <= env.L <= 0.040  # the paper's sweep by default
