@@ -15,6 +15,7 @@ decision latency, features and predictor included, at N=6 and 12 with full queue
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,17 @@ def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
     return {v: dirs for v, dirs in found.items() if dirs}
 
 
+def agents_named(base: str, models: dict[str, list[Path]]) -> tuple[str, str]:
+    """The results' name and the command's `--model` flags for agents given by hand:
+    they get a file of their own (`<base>_<agent>...`), so that benchmarking other runs
+    never overwrites the results of the committed ones. No agents given: `base`."""
+    if not models:
+        return base, ""
+    safe = [re.sub(r"[^A-Za-z0-9_-]+", "-", k) for k in models]
+    flags = "".join(f" --model {k}={','.join(map(str, v))}" for k, v in models.items())
+    return "_".join([base, *safe]), flags
+
+
 def main(
     quick: bool,
     seed: int,
@@ -77,6 +89,7 @@ def main(
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
     episode = 256 if quick else 512
     predictor = ServedPredictor(ScorePredictor(quality_dir(quality)))
+    name, model_flags = agents_named("qos" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
@@ -181,13 +194,13 @@ def main(
             "## Decision latency (features + ONNX, one core, full queues)\n\n"
             + table(latency, ["policy", "backends", "decision_us_p50", "decision_us_p99"])
         )
-    name = "qos" + quality_suffix(quality)
     write(
         name,
         {
             "command": "edgeroute bench qos"
             + (" --quick" if quick else "")
-            + quality_flag(quality),
+            + quality_flag(quality)
+            + model_flags,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,
         },

@@ -135,10 +135,11 @@ def main(
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
     (modulo its number of runs)."""
-    from edgeroute.bench.qos import trained_runs
+    from edgeroute.bench.qos import agents_named, trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
+    name, model_flags = agents_named("qos_live" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -192,11 +193,12 @@ def main(
             }
         )
     write(
-        "qos_live" + quality_suffix(quality),
+        name,
         {
             "command": "edgeroute bench qos --live"
             + (" --quick" if quick else f" --seeds {n_seeds}")
-            + quality_flag(quality),
+            + quality_flag(quality)
+            + model_flags,
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,
