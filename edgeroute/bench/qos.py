@@ -25,6 +25,7 @@ import numpy as np
 from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
 from edgeroute.qos.config import (
+    DEFAULT_LATENCY_MS,
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
@@ -89,23 +90,33 @@ def main(
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
     episode = 256 if quick else 512
     predictor = ServedPredictor(ScorePredictor(quality_dir(quality)))
-    name, model_flags = agents_named("qos" + quality_suffix(quality), models)
+    result_name, model_flags = agents_named("qos" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
-    agents: dict[str, list[QoSDRL]] = {
-        name: [QoSDRL(d) for d in dirs] for name, dirs in models.items()
-    }
-    policies: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
-    policies.update({k: [v] for k, v in REFERENCES.items()})
-    policies.update({name: [served(a) for a in runs] for name, runs in agents.items()})
+    fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
+    fixed.update({k: [v] for k, v in REFERENCES.items()})
+    # An agent normalises its features by the latency target it serves, so each
+    # setting's L gets its own instance of every run (as a gateway configured for it).
+    loaded: dict[tuple[Path, float], QoSDRL] = {}
+
+    def agent(run: Path, latency_ms: float) -> QoSDRL:
+        key = (run, latency_ms)
+        if key not in loaded:
+            loaded[key] = QoSDRL(run, latency_ms=latency_ms)
+        return loaded[key]
+
+    def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
+        agents = {n: [served(agent(d, latency_ms)) for d in dirs] for n, dirs in models.items()}
+        return {**fixed, **agents}
+
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")
 
     def env_for(
         k: int,
         n: int = 6,
         rate: float = 5.0,
-        latency_ms: float = 30.0,
+        latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
         held_out: bool = False,
     ) -> EdgeEnv:
@@ -131,7 +142,7 @@ def main(
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []
     for label, kw in settings:
-        for name, runs in policies.items():
+        for name, runs in policies_at(kw.get("latency_ms", DEFAULT_LATENCY_MS)).items():
             per_run = [
                 [evaluate(env_for(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(seeds)]
                 for policy in runs
@@ -142,7 +153,7 @@ def main(
                 {
                     "setting": label,
                     "policy": name if len(runs) == 1 else f"{name} ({len(runs)} seeds)",
-                    "agent": name in agents,
+                    "agent": name in models,
                     "reference": name in REFERENCES,
                     "qos": interval(qos)[0],
                     "qos_ci": shown(qos),
@@ -167,8 +178,13 @@ def main(
             flush=True,
         )
     latency = [
-        {**measure_qos_drl(n, *((300, 1) if quick else (2000, 3)), runs[0]), "policy": name}
-        for name, runs in agents.items()
+        {
+            **measure_qos_drl(
+                n, *((300, 1) if quick else (2000, 3)), agent(runs[0], DEFAULT_LATENCY_MS)
+            ),
+            "policy": name,
+        }
+        for name, runs in models.items()
         for n in (6, 12)
     ]
     notes = [
@@ -195,7 +211,7 @@ def main(
             + table(latency, ["policy", "backends", "decision_us_p50", "decision_us_p99"])
         )
     write(
-        name,
+        result_name,
         {
             "command": "edgeroute bench qos"
             + (" --quick" if quick else "")
@@ -210,7 +226,7 @@ def main(
         notes="\n\n".join(notes),
         quick=quick,
     )
-    plot(rows, output_dir(quick) / f"{name}.png")
+    plot(rows, output_dir(quick) / f"{result_name}.png")
 
 
 def verdict(agent: list[float], best: list[float]) -> str:

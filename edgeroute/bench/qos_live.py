@@ -139,7 +139,7 @@ def main(
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
-    name, model_flags = agents_named("qos_live" + quality_suffix(quality), models)
+    result_name, model_flags = agents_named("qos_live" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -193,7 +193,7 @@ def main(
             }
         )
     write(
-        name,
+        result_name,
         {
             "command": "edgeroute bench qos --live"
             + (" --quick" if quick else f" --seeds {n_seeds}")

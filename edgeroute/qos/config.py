@@ -55,6 +55,7 @@ class SACConfig:
     init_alpha: float = 0.05  # rewards are QoS in [0, 1]: alpha = 1 would drown them
 
 
+DEFAULT_RATE, DEFAULT_LATENCY_MS = 5.0, 30.0  # the paper's default setting
 RATES = (3.0, 8.0)  # the paper's sweep of lambda, per second
 LATENCIES_MS = (20.0, 40.0)  # ... and of L
 # The points of those sweeps besides the default (lambda=5, L=30 ms), as the benchmark
@@ -68,8 +69,8 @@ class TrainConfig:
     variant: str = "full"
     quality: Quality = "routerbench"
     experts: int = 6
-    rate: float = 5.0
-    latency_ms: float = 30.0
+    rate: float = DEFAULT_RATE
+    latency_ms: float = DEFAULT_LATENCY_MS
     # "request": each decision is credited with the QoS of the request it routed (and
     # the impact penalty); "completion": the paper's letter, completions rewarded at the
     # decision during which they finish (see docs/research.md for what each measured).

@@ -26,9 +26,16 @@ class Routing(Protocol):
 
 
 def served(policy: Routing) -> Policy:
-    """A gateway policy as a simulator policy: its choice, or drop when it sheds."""
+    """A gateway policy as a simulator policy: its choice, or drop when it sheds. A
+    policy with a latency target (`latency`, seconds: `qos_drl` normalises its features
+    by it) must have the environment's, or it would judge the experts by another L."""
 
     def act(env: EdgeEnv, i: int) -> int:
+        target = getattr(policy, "latency", None)
+        if target is not None and not math.isclose(target, env.L):
+            raise ValueError(
+                f"the policy targets L={target * 1e3:g} ms, the setting {env.L * 1e3:g}"
+            )
         decision = policy.decide(*cluster_view(env, i))
         return 0 if decision.backend_id is None else 1 + int(decision.backend_id[1:])
 

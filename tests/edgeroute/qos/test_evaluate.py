@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from edgeroute.qos.evaluate import evaluate, served
 from edgeroute.sim.edge import (
@@ -46,13 +47,18 @@ def test_the_three_splits_part_the_prompts_and_the_predictor_never_sees_the_othe
     assert not in_split(next(iter(prompts["eval"])), "agent")
 
 
-def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on() -> None:
+@pytest.mark.parametrize("latency_ms", [30.0, 20.0])
+def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on(
+    latency_ms: float,
+) -> None:
     """The gateway's qos_drl, given the simulator as a ClusterView, picks what the
-    actor picks on the simulator's own features, decision by decision."""
-    policy = QoSDRL()
+    actor picks on the simulator's own features, decision by decision, at the default
+    latency target and another."""
+    policy = QoSDRL(latency_ms=latency_ms)
     env = EdgeEnv(
         default_experts(6, 0),
         load_tasks(DATA_DIR, split="eval"),
+        latency_req=latency_ms / 1000,
         episode_len=200,
         predictor=ServedPredictor(policy.predictor),
     )
@@ -73,6 +79,15 @@ def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on() -> N
         _, done = env.step(direct)
         i += 1
     assert busy > 100  # the queues were not empty: the features were exercised
+
+
+def test_a_policy_is_not_evaluated_at_a_latency_target_it_does_not_serve() -> None:
+    """Its features are normalised by its own L: at another setting's it would judge
+    every expert by the wrong target, so the simulator refuses to run it there."""
+    env = EdgeEnv(default_experts(6, 0), load_tasks(DATA_DIR, split="eval"), latency_req=0.020)
+    with pytest.raises(ValueError, match="targets L=30 ms, the setting 20"):
+        evaluate(env, served(QoSDRL()), [1])
+    assert evaluate(env, served(QoSDRL(latency_ms=20.0)), [1]).qos >= 0.0
 
 
 def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
