@@ -26,11 +26,24 @@ def git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
+def cpu_model() -> str:
+    """The processor's name as Linux reports it (timings only compare on alike ones)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, Any]:
     import os
 
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

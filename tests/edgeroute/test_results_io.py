@@ -45,3 +45,8 @@ def test_write_names_the_folder_and_draws_the_plot(
     assert not results.exists()
     results_io.write("demo", {"command": "x"}, rows, ["n", "policy", "us"], None, plot=plot)
     assert sorted(p.name for p in results.iterdir()) == ["demo.json", "demo.md", "demo.png"]
+
+
+def test_results_name_the_processor_they_were_measured_on() -> None:
+    cpu = results_io.machine()["cpu"]
+    assert isinstance(cpu, str) and cpu and cpu != "unknown"
