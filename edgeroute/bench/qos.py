@@ -32,6 +32,7 @@ from edgeroute.qos.config import (
     quality_dir,
     quality_flag,
     quality_suffix,
+    trained_latencies,
 )
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
@@ -187,9 +188,10 @@ def main(
         for name, runs in models.items()
         for n in (6, 12)
     ]
+    latencies = sorted({trained_latencies(d) for dirs in models.values() for d in dirs})
     notes = [
         f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
-        "and L in [20, 40] ms per episode, on hardware seeds 1-10000 and the agent split "
+        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
         "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "

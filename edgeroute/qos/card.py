@@ -17,6 +17,7 @@ from edgeroute.qos.config import (
     quality_dir,
     quality_flag,
     quality_suffix,
+    trained_latencies,
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
@@ -93,6 +94,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
     cfg = runs[shipped]["config"]
+    latencies = trained_latencies(model_dir / "runs" / shipped)
     quality = cfg.get("quality", QUALITIES[0])
     suffix, flag = quality_suffix(quality), quality_flag(quality)
     selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
@@ -138,7 +140,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
         f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1}"
         + (
-            ", lambda in [3, 8]/s and L in [20, 40] ms."
+            f", lambda in [3, 8]/s and L in {latencies} ms."
             if cfg.get("randomise")
             else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
         ),

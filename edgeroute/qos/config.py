@@ -3,6 +3,7 @@ so the command line can show the defaults without loading it)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +63,15 @@ LATENCIES_MS = (20.0, 40.0)  # ... and of L
 # measures them.
 SWEEP_RATES = (3.0, 4.0, 6.0, 8.0)
 SWEEP_LATENCIES_MS = (20.0, 25.0, 40.0)
+
+
+def trained_latencies(run: Path) -> str:
+    """The range a training run's episodes drew L from (ms), as its record says:
+    "[20, 40]". Records from before the range was a setting drew from `LATENCIES_MS`."""
+    record = run / "training.json"
+    config = json.loads(record.read_text()).get("config", {}) if record.exists() else {}
+    low, high = config.get("latencies_ms", LATENCIES_MS)
+    return f"[{low:g}, {high:g}]"
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,13 @@ def test_episodes_draw_their_latency_target_from_the_configured_range() -> None:
     assert all(0.012 <= x <= 0.015 for x in drawn) and len(set(drawn)) == 20
     new_episode(env, tiny(), rng)
     assert 0.020 <= env.L <= 0.040  # the paper's sweep by default
+
+
+def test_a_runs_latency_range_is_read_from_its_record(tmp_path: Path) -> None:
+    from edgeroute.qos.config import trained_latencies
+
+    wide = Path(__file__).parents[3] / "models/qos/routerdc/attempts/wide-L/full-s0"
+    assert trained_latencies(wide) == "[15, 40]"
+    (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
+    assert trained_latencies(tmp_path) == "[20, 40]"  # a record from before the setting
+    assert trained_latencies(tmp_path / "none") == "[20, 40]"
