@@ -89,11 +89,12 @@ class ScorePredictor:
 
 
 def predictor_dir(model_dir: Path) -> Path:
-    """Where the predictor of the actor in `model_dir` is: beside it, else in the model
-    folder that holds its training runs (`<folder>/runs/<run>/`, which a run's actor
-    trained with), else the one the gateway ships."""
+    """Where the predictor of the actor in `model_dir` is: beside it, else in the
+    nearest folder above that has one (a run in `<world>/runs/<run>/` or
+    `<world>/attempts/<set>/<run>/` trained with `<world>`'s), else the one the
+    gateway ships."""
     model_dir = model_dir.resolve()
-    for folder in (model_dir, *model_dir.parents[:2]):
+    for folder in (model_dir, *model_dir.parents):
         if (folder / "predictor.onnx").exists():
             return folder
     return DEFAULT_MODEL_DIR

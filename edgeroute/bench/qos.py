@@ -90,7 +90,8 @@ def main(
     tasks = load_tasks(data, split="eval", quality=quality)
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
     episode = 256 if quick else 512
-    predictor = ServedPredictor(ScorePredictor(quality_dir(quality)))
+    world = ScorePredictor(quality_dir(quality))
+    predictor = ServedPredictor(world)
     result_name, model_flags = agents_named("qos" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
@@ -104,7 +105,9 @@ def main(
     def agent(run: Path, latency_ms: float) -> QoSDRL:
         key = (run, latency_ms)
         if key not in loaded:
-            loaded[key] = QoSDRL(run, latency_ms=latency_ms)
+            found = loaded[key] = QoSDRL(run, latency_ms=latency_ms)
+            if found.predictor.models != world.models:  # it would predict for other models
+                raise SystemExit(f"{run}: its predictor is not the {quality} world's")
         return loaded[key]
 
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:

@@ -30,6 +30,9 @@ def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path:
     for name in ("predictor.onnx", "predictor.json"):
         shutil.copy(DEFAULT_MODEL_DIR / "routerdc" / name, world / name)
     assert QoSDRL(run).predictor.models == routerdc["models"]
+    attempt = world / "attempts" / "some-set" / "full-s0"  # deeper: still the world's
+    shutil.copytree(run, attempt)
+    assert QoSDRL(attempt).predictor.models == routerdc["models"]
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
