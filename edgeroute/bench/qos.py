@@ -26,6 +26,7 @@ from edgeroute.bench.policies import measure_qos_drl
 from edgeroute.bench.stats import interval, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
+    DEFAULT_RATE,
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
@@ -119,7 +120,7 @@ def main(
     def env_for(
         k: int,
         n: int = 6,
-        rate: float = 5.0,
+        rate: float = DEFAULT_RATE,
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
         held_out: bool = False,

@@ -23,7 +23,7 @@ import httpx
 
 from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.stats import shown
-from edgeroute.qos.config import quality_flag, quality_suffix
+from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_flag, quality_suffix
 from edgeroute.results_io import write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
 from gateway.app import create_app
@@ -126,9 +126,9 @@ def main(
     json_path: str | None,
     models: dict[str, list[Path]],
     requests: int = 1000,
-    rate: float = 5.0,
+    rate: float = DEFAULT_RATE,
     speedup: float = 10.0,
-    latency_ms: float = 30.0,
+    latency_ms: float = DEFAULT_LATENCY_MS,
     n_seeds: int = 3,
     quality: Quality = "routerbench",
 ) -> None:

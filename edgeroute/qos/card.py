@@ -14,10 +14,10 @@ from edgeroute.qos.config import (
     MODEL_ROOT,
     QUALITIES,
     QUALITY_PROMPTS,
+    latency_range,
     quality_dir,
     quality_flag,
     quality_suffix,
-    trained_latencies,
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
@@ -94,7 +94,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
     cfg = runs[shipped]["config"]
-    latencies = trained_latencies(model_dir / "runs" / shipped)
+    latencies = latency_range(cfg)
     quality = cfg.get("quality", QUALITIES[0])
     suffix, flag = quality_suffix(quality), quality_flag(quality)
     selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""

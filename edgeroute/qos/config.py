@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edgeroute.sim.edge import Quality
@@ -65,13 +65,18 @@ SWEEP_RATES = (3.0, 4.0, 6.0, 8.0)
 SWEEP_LATENCIES_MS = (20.0, 25.0, 40.0)
 
 
-def trained_latencies(run: Path) -> str:
-    """The range a training run's episodes drew L from (ms), as its record says:
-    "[20, 40]". Records from before the range was a setting drew from `LATENCIES_MS`."""
-    record = run / "training.json"
-    config = json.loads(record.read_text()).get("config", {}) if record.exists() else {}
+def latency_range(config: dict[str, Any]) -> str:
+    """The range a training config drew each episode's L from (ms): "[20, 40]". Configs
+    from before the range was a setting drew from `LATENCIES_MS`."""
     low, high = config.get("latencies_ms", LATENCIES_MS)
     return f"[{low:g}, {high:g}]"
+
+
+def trained_latencies(run: Path) -> str:
+    """`latency_range` of a training run, as its record says."""
+    record = run / "training.json"
+    config = json.loads(record.read_text()).get("config", {}) if record.exists() else {}
+    return latency_range(config)
 
 
 @dataclass(frozen=True)
