@@ -44,8 +44,8 @@ def _overrides(pairs: list[str], flag: str = "--set") -> dict[str, float | int]:
     return out
 
 
-def _latency_range(text: str) -> tuple[float, float]:
-    """`--latencies LO,HI`: a range of latency targets in ms, 0 < LO <= HI."""
+def _ms_range(text: str) -> tuple[float, float]:
+    """`--latencies LO,HI`, `--hardware-ms LO,HI`: a range in ms, 0 < LO <= HI."""
     try:
         low, high = (float(x) for x in text.split(","))
     except ValueError:
@@ -241,6 +241,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         latency_ms=args.latency_ms,
         randomise=args.randomise,
         latencies_ms=args.latencies,
+        hardware_ms=args.hardware_ms,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -469,10 +470,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--latencies",
-        type=_latency_range,
+        type=_ms_range,
         default=t.latencies_ms,
         metavar="LO,HI",
         help="with --randomise: the range each episode's L (ms) is drawn from",
+    )
+    q.add_argument(
+        "--hardware-ms",
+        type=_ms_range,
+        default=t.hardware_ms,
+        metavar="LO,HI",
+        help="the range training experts' base ms per iteration is drawn from "
+        "(default: the benchmark's experts', 10-22)",
     )
     q.add_argument(
         "--credit",

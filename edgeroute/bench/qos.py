@@ -30,9 +30,11 @@ from edgeroute.qos.config import (
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
+    hardware_range,
     quality_dir,
     quality_flag,
     quality_suffix,
+    trained_hardware,
     trained_latencies,
 )
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
@@ -193,9 +195,11 @@ def main(
         for n in (6, 12)
     ]
     latencies = sorted({trained_latencies(d) for dirs in models.values() for d in dirs})
+    hardware = sorted({trained_hardware(d) for dirs in models.values() for d in dirs})
     notes = [
         f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
-        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 and the agent split "
+        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 (base {' or '.join(hardware)} ms per "
+        f"iteration; evaluated on {hardware_range({})}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
         "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "

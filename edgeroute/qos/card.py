@@ -14,6 +14,7 @@ from edgeroute.qos.config import (
     MODEL_ROOT,
     QUALITIES,
     QUALITY_PROMPTS,
+    hardware_range,
     latency_range,
     quality_dir,
     quality_flag,
@@ -138,7 +139,8 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}`.",
         f"- Config: {', '.join(f'{k}={v}' for k, v in cfg.items() if k not in ('variant', 'seed'))}.",
         f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
-        f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1}"
+        f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} (base "
+        f"{hardware_range(cfg)} ms per iteration)"
         + (
             f", lambda in [3, 8]/s and L in {latencies} ms."
             if cfg.get("randomise")

@@ -72,11 +72,30 @@ def latency_range(config: dict[str, Any]) -> str:
     return f"[{low:g}, {high:g}]"
 
 
+def hardware_range(config: dict[str, Any]) -> str:
+    """The range a training config drew its experts' base ms per iteration from."""
+    from edgeroute.sim.edge import BASE_MS
+
+    low, high = config.get("hardware_ms") or BASE_MS
+    return f"[{low:g}, {high:g}]"
+
+
+def _record_config(run: Path) -> dict[str, Any]:
+    record = run / "training.json"
+    config: dict[str, Any] = (
+        json.loads(record.read_text()).get("config", {}) if record.exists() else {}
+    )
+    return config
+
+
 def trained_latencies(run: Path) -> str:
     """`latency_range` of a training run, as its record says."""
-    record = run / "training.json"
-    config = json.loads(record.read_text()).get("config", {}) if record.exists() else {}
-    return latency_range(config)
+    return latency_range(_record_config(run))
+
+
+def trained_hardware(run: Path) -> str:
+    """`hardware_range` of a training run, as its record says."""
+    return hardware_range(_record_config(run))
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,10 @@ class TrainConfig:
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
     # it, where some experts' hardware cannot meet L at all (see docs/research.md).
     latencies_ms: tuple[float, float] = LATENCIES_MS
+    # The range training experts' base ms per iteration is drawn from; None: the
+    # benchmark's experts' (`edgeroute.sim.edge.BASE_MS`). A wider one reaches the
+    # slower engines of the live run (`workers/profiles.py`: 20-40 ms).
+    hardware_ms: tuple[float, float] | None = None
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

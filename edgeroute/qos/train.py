@@ -38,6 +38,7 @@ from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.results_io import git
 from edgeroute.sim.edge import (
+    BASE_MS,
     QUALITY_MODELS,
     TRAIN_HARDWARE,
     EdgeEnv,
@@ -64,7 +65,12 @@ def training_predictor(cfg: TrainConfig) -> Predictor:
 
 
 def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
-    return default_experts(cfg.experts, seed=hardware, models=QUALITY_MODELS[cfg.quality])
+    return default_experts(
+        cfg.experts,
+        seed=hardware,
+        models=QUALITY_MODELS[cfg.quality],
+        base_ms=cfg.hardware_ms or BASE_MS,
+    )
 
 
 def make_env(

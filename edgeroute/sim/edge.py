@@ -77,14 +77,25 @@ TRAIN_HARDWARE = range(1, 10_001)
 HELD_OUT_HARDWARE = tuple(range(20_001, 20_011))
 
 
-def default_experts(n: int, seed: int = 0, models: tuple[str, ...] = MODELS) -> list[EdgeExpert]:
-    """N experts: `models` cycled, hardware drawn once per seed (one RTX 4090-class GPU
-    each, 10-22 ms per iteration, 2-6K tokens of KV)."""
+# Base seconds per iteration of the benchmark's experts (one RTX 4090-class GPU each).
+BASE_MS = (10.0, 22.0)
+
+
+def default_experts(
+    n: int,
+    seed: int = 0,
+    models: tuple[str, ...] = MODELS,
+    base_ms: tuple[float, float] = BASE_MS,
+) -> list[EdgeExpert]:
+    """N experts: `models` cycled, hardware drawn once per seed (`base_ms` per
+    iteration, 2-6K tokens of KV). Any `base_ms` draws the same random numbers, so a
+    seed's other constants do not depend on it."""
     rng = random.Random(seed)
+    low, high = base_ms
     return [
         EdgeExpert(
             models[i % len(models)],
-            base=rng.uniform(0.010, 0.022),
+            base=rng.uniform(low / 1000, high / 1000),
             k1=rng.uniform(0.00008, 0.0002),
             k2=rng.uniform(1e-6, 4e-6),
             memory_tokens=rng.choice((2048, 3072, 4096, 6144)),

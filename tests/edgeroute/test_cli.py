@@ -138,3 +138,9 @@ def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) ->
         with pytest.raises(SystemExit):
             parser.parse_args(["train", "qos", "--latencies", bad])
         assert "--latencies: expected" in capsys.readouterr().err
+    args = parser.parse_args(["train", "qos", "--hardware-ms", "10,40"])
+    assert args.hardware_ms == (10.0, 40.0)
+    assert parser.parse_args(["train", "qos"]).hardware_ms is None  # the benchmark's experts'
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "qos", "--hardware-ms", "40,10"])
+    assert "--hardware-ms: expected" in capsys.readouterr().err

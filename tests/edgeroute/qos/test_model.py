@@ -198,3 +198,37 @@ def test_a_runs_latency_range_is_read_from_its_record(tmp_path: Path) -> None:
     (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
     assert trained_latencies(tmp_path) == "[20, 40]"  # a record from before the setting
     assert trained_latencies(tmp_path / "none") == "[20, 40]"
+
+
+@needs_data("the quality data")
+def test_episodes_draw_their_hardware_from_the_configured_range() -> None:
+    from edgeroute.qos.train import make_env, new_episode
+
+    env = make_env(tiny(hardware_ms=(30.0, 40.0)), DATA_DIR)
+    rng = np.random.default_rng(0)
+    bases = []
+    for _ in range(10):
+        new_episode(env, tiny(hardware_ms=(30.0, 40.0)), rng)
+        bases += [spec.base for spec in env.specs]
+    assert all(0.030 <= b <= 0.040 for b in bases) and len(set(bases)) == len(bases)
+    new_episode(env, tiny(), rng)
+    assert all(0.010 <= spec.base <= 0.022 for spec in env.specs)  # the benchmark's by default
+
+
+def test_a_hardware_seed_keeps_its_other_constants_whatever_the_base_range() -> None:
+    from edgeroute.sim.edge import default_experts
+
+    usual, slow = default_experts(6, 7), default_experts(6, 7, base_ms=(30.0, 40.0))
+    assert [e.base for e in usual] != [e.base for e in slow]
+    assert [(e.k1, e.k2, e.memory_tokens) for e in usual] == [
+        (e.k1, e.k2, e.memory_tokens) for e in slow
+    ]
+
+
+def test_a_runs_hardware_range_is_read_from_its_record(tmp_path: Path) -> None:
+    from edgeroute.qos.config import trained_hardware
+
+    (tmp_path / "training.json").write_text('{"config": {"hardware_ms": [20.0, 40.0]}}')
+    assert trained_hardware(tmp_path) == "[20, 40]"
+    (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
+    assert trained_hardware(tmp_path) == "[10, 22]"  # a record from before the setting
