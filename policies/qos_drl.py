@@ -11,6 +11,7 @@ It needs onnxruntime and the committed model files, not PyTorch.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,28 +106,44 @@ class QoSDRL:
     needs = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
 
     def __init__(
-        self, model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5
+        self,
+        model_dir: Path = DEFAULT_MODEL_DIR,
+        latency_ms: float = 30.0,
+        running_cap: int = 5,
+        predictor: ScorePredictor | None = None,
     ) -> None:
+        """The actor in `model_dir`, with the predictor beside or above it
+        (`predictor_dir`) unless one already loaded is given (one session per graph)."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
-        self.predictor = ScorePredictor(predictor_dir(model_dir))
+        self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
         self._features: FeatureCache = {}
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]
         self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
-        self.latency = latency_ms / 1000.0
         self.running_cap = running_cap
         self._filters = (Healthy(), ServesModel(), Role())
+        self._target(latency_ms)
+
+    def _target(self, latency_ms: float) -> None:
+        self.latency = latency_ms / 1000.0
         self._shed = Decision(
             None,
             reason="shed by the QoS policy: no backend can meet the latency target for it now",
             retry_after=1.0,
             token_target=self.latency,
         )
+
+    def with_latency(self, latency_ms: float) -> QoSDRL:
+        """This policy for another latency target, sharing its ONNX sessions."""
+        other = copy.copy(self)
+        other._features = {}
+        other._target(latency_ms)
+        return other
 
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
         return self.predictor.predict(prompt, [self._expert(b) for b in backends])

@@ -50,7 +50,7 @@ from edgeroute.sim.edge import (
     load_tasks,
 )
 from policies import PipelineSpec, build_pipeline
-from policies.qos_drl import QoSDRL, ScorePredictor
+from policies.qos_drl import QoSDRL, ScorePredictor, predictor_dir
 
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
@@ -102,16 +102,17 @@ def main(
     fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})
     # An agent normalises its features by the latency target it serves, so each
-    # setting's L gets its own instance of every run (as a gateway configured for it).
-    loaded: dict[tuple[Path, float], QoSDRL] = {}
+    # setting's L gets its own policy for every run (as a gateway configured for it),
+    # all of them sharing the run's actor session and the world's predictor session.
+    loaded: dict[Path, QoSDRL] = {}
 
     def agent(run: Path, latency_ms: float) -> QoSDRL:
-        key = (run, latency_ms)
-        if key not in loaded:
-            found = loaded[key] = QoSDRL(run, latency_ms=latency_ms)
-            if found.predictor.models != world.models:  # it would predict for other models
-                raise SystemExit(f"{run}: its predictor is not the {quality} world's")
-        return loaded[key]
+        if run not in loaded:
+            own, want = predictor_dir(run), quality_dir(quality).resolve()
+            if own != want:  # it would be measured with a predictor it did not train with
+                raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
+            loaded[run] = QoSDRL(run, predictor=world)
+        return loaded[run].with_latency(latency_ms)
 
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
         agents = {n: [served(agent(d, latency_ms)) for d in dirs] for n, dirs in models.items()}

@@ -37,3 +37,42 @@ def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path:
     lone.mkdir()
     shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
     assert QoSDRL(lone).predictor.models == QoSDRL().predictor.models != routerdc["models"]
+
+
+def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_one() -> None:
+    from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
+
+    prompt = "Write a python function to count the pairs in a list whose sum equals a target."
+    base = QoSDRL(latency_ms=30.0)
+    tight = base.with_latency(12.0)
+    assert tight.latency == 0.012 and base.latency == 0.030
+    assert tight._actor is base._actor and tight.predictor is base.predictor
+    fresh = QoSDRL(latency_ms=12.0)
+    assert tight._shed == fresh._shed != base._shed  # a shed carries its target
+    experts = base.predictor.models
+    view = ClusterView(
+        tuple(
+            BackendView(
+                id=f"e{i}",
+                models=frozenset({"m"}),
+                expert=experts[i],
+                running=i % 4,
+                waiting=i % 3,
+                kv_usage=0.1 * i,
+                kv_capacity_tokens=4096,
+                token_latency=0.004 * (i + 1),
+                requests=tuple(InflightRequest(100, 0.0, 3 * i, 0.5, 90.0) for _ in range(i % 4)),
+            )
+            for i in range(6)
+        )
+    )
+    for now in (1.0, 1.5, 3.0):
+        req = RequestInfo("m", 300, prompt=prompt, now=now)
+        assert tight.ranked(req, view) == fresh.ranked(req, view)
+        assert base.ranked(req, view) == QoSDRL(latency_ms=30.0).ranked(req, view)
+    # the two targets see the same state differently: the features are divided by L
+    assert any(
+        tight.ranked(RequestInfo("m", 300, prompt=p, now=2.0), view)
+        != base.ranked(RequestInfo("m", 300, prompt=p, now=2.0), view)
+        for p in (prompt, "Sort a list.", "word " * 50)
+    )
