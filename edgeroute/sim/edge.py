@@ -77,7 +77,7 @@ TRAIN_HARDWARE = range(1, 10_001)
 HELD_OUT_HARDWARE = tuple(range(20_001, 20_011))
 
 
-# Base seconds per iteration of the benchmark's experts (one RTX 4090-class GPU each).
+# Base milliseconds per iteration of the benchmark's experts (one RTX 4090-class GPU each).
 BASE_MS = (10.0, 22.0)
 
 
