@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 WORKERS ?= 4
 WORKER_PORT ?= 8101
+# The tests spend most of their time waiting on the servers they start, so two processes
+# halve the wall time even on 2 cores (measured here: 10-11 min serial, 6.3 min).
+TEST_WORKERS ?= 2
 # On a machine without a GPU, PyTorch's CPU wheels are a fraction of the default
 # (CUDA) build: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
@@ -36,7 +39,7 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS)
 
 bench: setup
 	$(VENV)/bin/edgeroute bench policies
