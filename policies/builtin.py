@@ -22,11 +22,11 @@ def _fixed(plugin: object) -> Any:
 
 
 def _qos_drl(params: Mapping[str, Any]) -> Any:
-    from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
+    from policies.qos_drl import DEFAULT_MODEL_DIR, load
 
     check_params(params, ("model", "latency_ms", "running_cap"))
     model = params.get("model")
-    return QoSDRL(
+    return load(
         Path(model) if model else DEFAULT_MODEL_DIR,
         float(params.get("latency_ms", 30.0)),
         int(params.get("running_cap", 5)),

@@ -12,6 +12,7 @@ It needs onnxruntime and the committed model files, not PyTorch.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,11 +139,13 @@ class QoSDRL:
             token_target=self.latency,
         )
 
-    def with_latency(self, latency_ms: float) -> QoSDRL:
-        """This policy for another latency target, sharing its ONNX sessions."""
+    def with_latency(self, latency_ms: float, running_cap: int | None = None) -> QoSDRL:
+        """This policy for another latency target (and cap), sharing its ONNX sessions."""
         other = copy.copy(self)
         other._features = {}
         other._target(latency_ms)
+        if running_cap is not None:
+            other.running_cap = running_cap
         return other
 
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
@@ -200,3 +203,48 @@ class QoSDRL:
         feeds: dict[str, Any] = {k: obs[k][None] for k in self._inputs}
         logits: np.ndarray = self._actor.run(["logits"], feeds)[0][0]
         return candidates, preds, logits
+
+
+def load(
+    model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5
+) -> QoSDRL:
+    """The policy in `model_dir`, sharing the ONNX sessions of any earlier load of the
+    same files in this process: routes that differ only in their target or cap, and
+    runs that share a predictor, load each graph once. Files changed since (a new
+    mtime or size) are loaded anew."""
+    folder = model_dir.resolve()
+    predictor = load_predictor(predictor_dir(folder))
+    shared = _loaded(folder, _stamps(folder, ("actor.onnx",)), predictor)
+    return shared.with_latency(latency_ms, running_cap)
+
+
+def load_predictor(folder: Path) -> ScorePredictor:
+    """The predictor in `folder`, one session per process while its files are unchanged."""
+    folder = folder.resolve()
+    return _predictor(folder, _stamps(folder, ("predictor.onnx", "predictor.json")))
+
+
+_LOADED_CAP = 16  # folders kept loaded; a gateway serves a handful
+_Stamps = tuple[tuple[int, int], ...]
+
+
+def _stamps(folder: Path, names: Sequence[str]) -> _Stamps:
+    out = []
+    for name in names:
+        try:
+            st = (folder / name).stat()
+        except OSError:
+            out.append((-1, -1))  # loading then raises the policy's own error
+        else:
+            out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=_LOADED_CAP)
+def _loaded(model_dir: Path, actor: _Stamps, predictor: ScorePredictor) -> QoSDRL:
+    return QoSDRL(model_dir, predictor=predictor)
+
+
+@functools.lru_cache(maxsize=_LOADED_CAP)
+def _predictor(folder: Path, files: _Stamps) -> ScorePredictor:
+    return ScorePredictor(folder)

@@ -50,7 +50,7 @@ from edgeroute.sim.edge import (
     load_tasks,
 )
 from policies import PipelineSpec, build_pipeline
-from policies.qos_drl import QoSDRL, ScorePredictor, predictor_dir
+from policies.qos_drl import QoSDRL, load, load_predictor, predictor_dir
 
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
@@ -93,7 +93,7 @@ def main(
     tasks = load_tasks(data, split="eval", quality=quality)
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
     episode = 256 if quick else 512
-    world = ScorePredictor(quality_dir(quality))
+    world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     result_name, model_flags = agents_named("qos" + quality_suffix(quality), models)
     models = models or trained_runs(quality)
@@ -101,18 +101,15 @@ def main(
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
     fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})
+
     # An agent normalises its features by the latency target it serves, so each
     # setting's L gets its own policy for every run (as a gateway configured for it),
     # all of them sharing the run's actor session and the world's predictor session.
-    loaded: dict[Path, QoSDRL] = {}
-
     def agent(run: Path, latency_ms: float) -> QoSDRL:
-        if run not in loaded:
-            own, want = predictor_dir(run), quality_dir(quality).resolve()
-            if own != want:  # it would be measured with a predictor it did not train with
-                raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
-            loaded[run] = QoSDRL(run, predictor=world)
-        return loaded[run].with_latency(latency_ms)
+        own, want = predictor_dir(run), quality_dir(quality).resolve()
+        if own != want:  # it would be measured with a predictor it did not train with
+            raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
+        return load(run, latency_ms)
 
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
         agents = {n: [served(agent(d, latency_ms)) for d in dirs] for n, dirs in models.items()}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+
+import pytest
 
 from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL, ScorePredictor
 
@@ -76,3 +79,39 @@ def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_on
         != base.ranked(RequestInfo("m", 300, prompt=p, now=2.0), view)
         for p in (prompt, "Sort a list.", "word " * 50)
     )
+
+
+def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> None:
+    """The gateway builds one policy per route: specs that differ only in their target
+    or cap share the sessions; changed files and other folders get their own."""
+    from policies import PipelineSpec, build_policy
+    from policies.qos_drl import load
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("actor.onnx", "predictor.onnx", "predictor.json"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, folder / name)
+    a = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=30.0))
+    b = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=50.0))
+    c = load(folder, 30.0, running_cap=3)
+    assert isinstance(a, QoSDRL) and isinstance(b, QoSDRL)
+    assert a._actor is b._actor is c._actor and a.predictor is b.predictor is c.predictor
+    assert (a.latency, b.latency, c.running_cap, a.running_cap) == (0.030, 0.050, 3, 5)
+    assert a._features is not b._features  # each route keeps its own feature cache
+
+    lone = tmp_path / "lone"  # its own actor, and the predictor the gateway ships
+    lone.mkdir()
+    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
+    d, shipped = load(lone), load()
+    assert d._actor is not a._actor and d.predictor is shipped.predictor is not a.predictor
+
+    rewritten = (folder / "actor.onnx").read_bytes()  # new files, new sessions
+    (folder / "actor.onnx").unlink()
+    (folder / "actor.onnx").write_bytes(rewritten)
+    os.utime(folder / "actor.onnx", ns=(1, 1))
+    e = load(folder)
+    assert e._actor is not a._actor and e.predictor is a.predictor
+
+    (folder / "actor.onnx").unlink()  # missing files: the policy's own error, not a stale copy
+    with pytest.raises(Exception, match=r"actor\.onnx"):
+        load(folder)
