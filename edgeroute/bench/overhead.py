@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,15 +76,15 @@ def spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
 
 
 def start_gateway(
-    port: int, backends: list[str], target: str, **settings: Any
+    port: int, backends: Sequence[str | dict[str, Any]], target: str, **settings: Any
 ) -> subprocess.Popen[bytes]:
     """`target` is a policy name, optionally with `@asyncio` or `@h11` for the event
-    loop or HTTP parser to measure instead of uvloop and httptools; `settings` override
-    the gateway's."""
+    loop or HTTP parser to measure instead of uvloop and httptools; `backends` are URLs
+    or the gateway's backend entries; `settings` override the gateway's."""
     policy, _, variant = target.partition("@")
     cfg: dict[str, Any] = {
         "port": port,
-        "backends": [{"url": b} for b in backends],
+        "backends": [b if isinstance(b, dict) else {"url": b} for b in backends],
         "routing": {"default": {"policy": policy}},
         "log_level": "WARNING",
         "max_inflight": 0,

@@ -4,9 +4,10 @@ Six emulated workers (time-scaled) serve the six open RouterBench models behind 
 alias (or, with `quality` routerdc, answer as six of RouterDC's models on the same six
 hardware profiles); real prompts of the evaluation split (which neither the predictor
 nor the agent trained on) arrive by a Poisson process (the same prompts and instants
-for every policy). QoS per request is the worker's reported ground-truth score
-(`x-emulated-score`) times [latency per token <= L], with latency measured by the
-client in emulated seconds; a shed request (503) scores 0.
+for every policy). The workers and the client share one event loop; the gateway
+runs in a process of its own. QoS per request is the worker's reported ground-truth
+score (`x-emulated-score`) times [latency per token <= L], with latency measured by
+the client in emulated seconds; a shed request (503) scores 0.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from typing import Any
 
 import httpx
 
-from edgeroute.bench.live import gateway_clock
+from edgeroute.bench.live import free_ports, gateway_clock
+from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
 from edgeroute.bench.stats import shown
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_flag, quality_suffix
 from edgeroute.results_io import write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
-from gateway.app import create_app
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
 from workers.profiles import EXPERTS
@@ -47,46 +48,69 @@ async def run_policy(
     speedup: float,
     latency: float,
     data_dir: Path,
-    port: int,
     quality: Quality = "routerbench",
 ) -> dict[str, Any]:
     """`quality` routerbench: each worker is its RouterBench model's profile; routerdc:
     the same hardware, answering as RouterDC's models in turn (and named after them,
     as the predictor knows them)."""
     answers = QUALITY_MODELS[quality] if quality != "routerbench" else (None,) * len(EXPERTS)
+    port, *worker_ports = free_ports(1 + len(EXPERTS))
     workers = [
         Worker(
             WorkerConfig(
                 profile=p,
                 served_model_names=[a or p, ALIAS],
                 answers_as=a,
-                port=port + 1 + i,
+                port=worker_ports[i],
                 speedup=speedup,
                 data_dir=data_dir,
             )
         )
         for i, (p, a) in enumerate(zip(EXPERTS, answers, strict=False))
     ]
-    settings = Settings.model_validate(
-        {
-            "port": port,
-            "routing": {"default": spec},
-            "scrape_interval": 0.1,
-            "json_logs": False,
-            "log_level": "WARNING",
-            "backends": [
-                {"url": f"http://127.0.0.1:{w.config.port}", "id": w.config.profile}
-                for w in workers
-            ],
-        }
-    )
     servers = [make_server(Listener(w.app, "127.0.0.1", w.config.port)) for w in workers]
-    servers.append(make_server(Listener(create_app(settings), "127.0.0.1", port)))
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     while not all(s.started for s in servers):
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
-    results: list[tuple[float, float, int]] = []  # (score, latency per token, shed)
+    # The gateway runs in its own process, on its own CPU: the emulated engines share
+    # this event loop, and a policy's decisions must not stall them (engines on GPUs do
+    # not wait for the router), which would make a costlier policy's world slower.
+    backends = [
+        {"url": f"http://127.0.0.1:{w.config.port}", "id": w.config.profile} for w in workers
+    ]
+    gateway = await asyncio.to_thread(
+        start_gateway,
+        port,
+        backends,
+        str(spec["policy"]),
+        routing={"default": spec},
+        scrape_interval=0.1,
+        max_inflight=Settings().max_inflight,
+    )
+    try:
+        await asyncio.sleep(0.3)  # a few scrapes of the engines' load
+        results = await _replay(port, prompts, gaps, speedup)
+    finally:
+        gateway.terminate()
+        await asyncio.to_thread(gateway.wait, 10)
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks)
+    served = [r for r in results if not r[2]]
+    return {
+        "qos": statistics.fmean(s * (lat <= latency) for s, lat, _ in results),
+        "latency_ms": statistics.fmean(lat for _, lat, _ in served) * 1e3 if served else None,
+        "drop_rate": sum(r[2] for r in results) / len(results),
+        "met_share": sum(lat <= latency for _, lat, _ in results) / len(results),
+        "requests": len(results),
+    }
+
+
+async def _replay(
+    port: int, prompts: list[str], gaps: list[float], speedup: float
+) -> list[tuple[float, float, int]]:
+    """Each prompt at its instant; (score, latency per token, shed) per request."""
+    results: list[tuple[float, float, int]] = []
 
     async def one(client: httpx.AsyncClient, prompt: str) -> None:
         t0 = time.perf_counter()
@@ -107,17 +131,7 @@ async def run_policy(
             await asyncio.sleep(gap / speedup)
             pending.append(asyncio.create_task(one(client, prompt)))
         await asyncio.gather(*pending)
-    for s in servers:
-        s.should_exit = True
-    await asyncio.gather(*tasks)
-    served = [r for r in results if not r[2]]
-    return {
-        "qos": statistics.fmean(s * (lat <= latency) for s, lat, _ in results),
-        "latency_ms": statistics.fmean(lat for _, lat, _ in served) * 1e3 if served else None,
-        "drop_rate": sum(r[2] for r in results) / len(results),
-        "met_share": sum(lat <= latency for _, lat, _ in results) / len(results),
-        "requests": len(results),
-    }
+    return results
 
 
 def main(
@@ -156,7 +170,7 @@ def main(
         for name, runs in models.items():
             spec = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
             specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
-        for i, (name, spec) in enumerate(specs.items()):
+        for name, spec in specs.items():
             r = asyncio.run(
                 run_policy(
                     spec,
@@ -165,7 +179,6 @@ def main(
                     speedup,
                     latency_ms / 1000,
                     data_dir,
-                    18800 + 20 * i,
                     quality,
                 )
             )
@@ -218,8 +231,9 @@ def main(
         ],
         json_path,
         notes=(
-            f"Through the gateway: six emulated workers ({WORKERS[quality]}, "
-            f"time-scaled x{speedup:g}), {requests} evaluation-split prompts per seed "
+            f"Through the gateway (a process of its own, on CPU {GATEWAY_CPU}): six emulated "
+            f"workers ({WORKERS[quality]}, time-scaled x{speedup:g}, in the client's "
+            f"process), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
             f"{latency_ms:g} ms. QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from edgeroute.bench.qos import agents_named, main
 from policies.qos_drl import DEFAULT_MODEL_DIR
-from tests.support import needs_data
+from tests.support import DATA_DIR, needs_data
 
 
 def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
@@ -30,3 +32,37 @@ def test_an_agent_with_another_worlds_predictor_is_refused(tmp_path: Path) -> No
     shutil.copy(DEFAULT_MODEL_DIR / "routerdc" / "actor.onnx", lone / "actor.onnx")
     with pytest.raises(SystemExit, match="not the routerdc world's"):
         main(True, 1, None, {"lone": [lone]}, None, quality="routerdc")
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    found: set[int] = set()
+    for task in Path(f"/proc/{me}/task").iterdir():
+        found.update(int(p) for p in (task / "children").read_text().split())
+    return found
+
+
+@needs_data("the RouterDC data")
+def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> None:
+    """The gateway runs apart from the emulated engines (a policy's decisions must not
+    stall them), every request is answered or shed, and nothing outlives the run."""
+    from edgeroute.bench.live import gateway_clock
+    from edgeroute.bench.qos_live import run_policy
+    from edgeroute.sim.edge import load_tasks
+
+    prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:24]]
+    model = str(DEFAULT_MODEL_DIR / "routerdc")
+    spec = gateway_clock({"policy": "qos_drl", "model": model}, 0.030, 10.0)
+    from policies import qos_drl
+
+    def loads() -> int:  # policies built in this process
+        info = qos_drl._loaded.cache_info()
+        return info.hits + info.misses
+
+    before, built = _children(), loads()
+    r = asyncio.run(run_policy(spec, prompts, [0.2] * 24, 10.0, 0.030, DATA_DIR, "routerdc"))
+    assert loads() == built  # the policy was built and served elsewhere
+    assert r["requests"] == 24
+    assert 0.0 <= r["drop_rate"] < 1.0 and r["latency_ms"] > 0
+    assert 0.0 <= r["qos"] <= r["met_share"] <= 1.0 - r["drop_rate"]
+    assert _children() <= before
