@@ -129,6 +129,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
     q.add_argument("--seeds", type=int, default=3, help="with --live: seeds")
+    q.add_argument(
+        "--scrape-ms",
+        type=float,
+        default=1000.0,
+        help="with --live: the gateway's scrape of the engines' metrics, in emulated ms "
+        "(the gateway's default; another value writes results of its own)",
+    )
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -300,7 +307,16 @@ def _qos(a: argparse.Namespace) -> None:
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
-        live(a.quick, a.seed, a.json, runs, a.requests, n_seeds=a.seeds, quality=a.quality)
+        live(
+            a.quick,
+            a.seed,
+            a.json,
+            runs,
+            a.requests,
+            n_seeds=a.seeds,
+            quality=a.quality,
+            scrape_ms=a.scrape_ms,
+        )
         return
     main(a.quick, a.seed, a.json, runs, a.trace, a.quality)
 

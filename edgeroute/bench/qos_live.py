@@ -34,6 +34,9 @@ from workers.profiles import EXPERTS
 from workers.server import Worker, WorkerConfig
 
 ALIAS = "edge"
+# The gateway's default scrape of the engines' metrics (`Settings.scrape_interval`),
+# in emulated ms: time-scaled like every other interval of the run.
+SCRAPE_MS = 1000.0
 WORKERS = {
     "routerbench": "the six open RouterBench models, MBPP prompts",
     "routerdc": "the six hardware profiles of RouterBench's open models, answering as "
@@ -49,6 +52,7 @@ async def run_policy(
     latency: float,
     data_dir: Path,
     quality: Quality = "routerbench",
+    scrape_ms: float = SCRAPE_MS,
 ) -> dict[str, Any]:
     """`quality` routerbench: each worker is its RouterBench model's profile; routerdc:
     the same hardware, answering as RouterDC's models in turn (and named after them,
@@ -84,7 +88,7 @@ async def run_policy(
         backends,
         str(spec["policy"]),
         routing={"default": spec},
-        scrape_interval=0.1,
+        scrape_interval=scrape_ms / 1000 / speedup,
         max_inflight=Settings().max_inflight,
     )
     try:
@@ -145,6 +149,7 @@ def main(
     latency_ms: float = DEFAULT_LATENCY_MS,
     n_seeds: int = 3,
     quality: Quality = "routerbench",
+    scrape_ms: float = SCRAPE_MS,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
@@ -153,7 +158,11 @@ def main(
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
-    result_name, model_flags = agents_named("qos_live" + quality_suffix(quality), models)
+    base = "qos_live" + quality_suffix(quality)
+    scrape_flag = f" --scrape-ms {scrape_ms:g}" if scrape_ms != SCRAPE_MS else ""
+    if scrape_flag:  # another world: results of its own
+        base += f"_scrape-{scrape_ms:g}ms"
+    result_name, model_flags = agents_named(base, models)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -180,6 +189,7 @@ def main(
                     latency_ms / 1000,
                     data_dir,
                     quality,
+                    scrape_ms,
                 )
             )
             rows.append({"seed": one_seed, "policy": name, **r})
@@ -211,12 +221,14 @@ def main(
             "command": "edgeroute bench qos --live"
             + (" --quick" if quick else f" --seeds {n_seeds}")
             + quality_flag(quality)
+            + scrape_flag
             + model_flags,
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,
             "speedup": speedup,
             "latency_ms": latency_ms,
+            "scrape_ms": scrape_ms,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
         },
         summary,
@@ -235,7 +247,8 @@ def main(
             f"workers ({WORKERS[quality]}, time-scaled x{speedup:g}, in the client's "
             f"process), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
-            f"{latency_ms:g} ms. QoS per request is the worker's reported score times "
+            f"{latency_ms:g} ms, engines' metrics scraped every {scrape_ms:g} emulated ms. "
+            "QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "
             "scores 0. `met_share`: requests answered within L. `minus_least_load`: the "
             "QoS difference from least-load, paired by seed. Intervals are over the "
