@@ -138,6 +138,21 @@ async def _replay(
     return results
 
 
+def named(quality: Quality, scrape_ms: float, models: dict[str, list[Path]]) -> tuple[str, str]:
+    """The results' name and the command's flags beyond --quality: a scrape other than
+    the default is another world, and agents given by hand are other agents, so each
+    gets results of its own rather than overwriting the committed ones."""
+    from edgeroute.bench.qos import agents_named
+
+    base = "qos_live" + quality_suffix(quality)
+    scrape_flag = ""
+    if scrape_ms != SCRAPE_MS:
+        base += f"_scrape-{scrape_ms:g}ms"
+        scrape_flag = f" --scrape-ms {scrape_ms:g}"
+    name, model_flags = agents_named(base, models)
+    return name, scrape_flag + model_flags
+
+
 def main(
     quick: bool,
     seed: int,
@@ -154,15 +169,11 @@ def main(
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
     (modulo its number of runs)."""
-    from edgeroute.bench.qos import agents_named, trained_runs
+    from edgeroute.bench.qos import trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
-    base = "qos_live" + quality_suffix(quality)
-    scrape_flag = f" --scrape-ms {scrape_ms:g}" if scrape_ms != SCRAPE_MS else ""
-    if scrape_flag:  # another world: results of its own
-        base += f"_scrape-{scrape_ms:g}ms"
-    result_name, model_flags = agents_named(base, models)
+    result_name, flags = named(quality, scrape_ms, models)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -221,8 +232,7 @@ def main(
             "command": "edgeroute bench qos --live"
             + (" --quick" if quick else f" --seeds {n_seeds}")
             + quality_flag(quality)
-            + scrape_flag
-            + model_flags,
+            + flags,
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,

@@ -66,3 +66,13 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     assert 0.0 <= r["drop_rate"] < 1.0 and r["latency_ms"] > 0
     assert 0.0 <= r["qos"] <= r["met_share"] <= 1.0 - r["drop_rate"]
     assert _children() <= before
+
+
+def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
+    from edgeroute.bench.qos_live import SCRAPE_MS, named
+
+    assert named("routerdc", SCRAPE_MS, {}) == ("qos_live_routerdc", "")
+    assert named("routerbench", SCRAPE_MS, {}) == ("qos_live", "")
+    assert named("routerdc", 200.0, {}) == ("qos_live_routerdc_scrape-200ms", " --scrape-ms 200")
+    name, flags = named("routerdc", 200.0, {"x": [Path("a")]})
+    assert (name, flags) == ("qos_live_routerdc_scrape-200ms_x", " --scrape-ms 200 --model x=a")
