@@ -132,9 +132,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--scrape-ms",
         type=float,
-        default=1000.0,
         help="with --live: the gateway's scrape of the engines' metrics, in emulated ms "
-        "(the gateway's default; another value writes results of its own)",
+        "(default: the gateway's own; another value writes results of its own)",
     )
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")

@@ -105,7 +105,7 @@ def start_gateway(
         f.write(yaml.safe_dump(cfg))
     try:
         proc = spawn(["serve", "--config", name], GATEWAY_CPU)
-        wait_ready(f"http://127.0.0.1:{port}/readyz")
+        wait_ready(f"http://127.0.0.1:{port}/readyz", proc=proc)  # an exit ends the wait
     finally:
         os.unlink(name)  # read at start-up; later changes come through the store
     return proc

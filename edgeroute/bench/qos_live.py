@@ -34,9 +34,10 @@ from workers.profiles import EXPERTS
 from workers.server import Worker, WorkerConfig
 
 ALIAS = "edge"
-# The gateway's default scrape of the engines' metrics (`Settings.scrape_interval`),
-# in emulated ms: time-scaled like every other interval of the run.
-SCRAPE_MS = 1000.0
+_DEFAULTS = Settings.model_fields
+# The gateway's default scrape of the engines' metrics, in emulated ms: time-scaled
+# like every other interval of the run.
+SCRAPE_MS = float(_DEFAULTS["scrape_interval"].default) * 1000
 WORKERS = {
     "routerbench": "the six open RouterBench models, MBPP prompts",
     "routerdc": "the six hardware profiles of RouterBench's open models, answering as "
@@ -89,7 +90,7 @@ async def run_policy(
         str(spec["policy"]),
         routing={"default": spec},
         scrape_interval=scrape_ms / 1000 / speedup,
-        max_inflight=Settings().max_inflight,
+        max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
     )
     try:
         await asyncio.sleep(0.3)  # a few scrapes of the engines' load
@@ -164,7 +165,7 @@ def main(
     latency_ms: float = DEFAULT_LATENCY_MS,
     n_seeds: int = 3,
     quality: Quality = "routerbench",
-    scrape_ms: float = SCRAPE_MS,
+    scrape_ms: float | None = None,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
@@ -173,6 +174,7 @@ def main(
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
+    scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     result_name, flags = named(quality, scrape_ms, models)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]

@@ -45,15 +45,16 @@ def _children() -> set[int]:
 @needs_data("the RouterDC data")
 def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> None:
     """The gateway runs apart from the emulated engines (a policy's decisions must not
-    stall them), every request is answered or shed, and nothing outlives the run."""
+    stall them), every request is answered or shed, and the gateway does not outlive
+    the run."""
     from edgeroute.bench.live import gateway_clock
     from edgeroute.bench.qos_live import run_policy
     from edgeroute.sim.edge import load_tasks
+    from policies import qos_drl
 
     prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:24]]
     model = str(DEFAULT_MODEL_DIR / "routerdc")
     spec = gateway_clock({"policy": "qos_drl", "model": model}, 0.030, 10.0)
-    from policies import qos_drl
 
     def loads() -> int:  # policies built in this process
         info = qos_drl._loaded.cache_info()
