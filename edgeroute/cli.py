@@ -55,6 +55,17 @@ def _ms_range(text: str) -> tuple[float, float]:
     return low, high
 
 
+def _positive_ms(text: str) -> float:
+    """`--scrape-ms MS`: a span in ms, MS > 0."""
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ms, not {text!r}") from None
+    if not ms > 0:
+        raise argparse.ArgumentTypeError(f"expected MS > 0, not {text!r}")
+    return ms
+
+
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
     from oracle.topology import Topology
     from workers.server import WorkerConfig
@@ -242,6 +253,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         randomise=args.randomise,
         latencies_ms=args.latencies,
         hardware_ms=args.hardware_ms,
+        scrape_ms=args.scrape_ms,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -482,6 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LO,HI",
         help="the range training experts' base ms per iteration is drawn from "
         "(default: the benchmark's experts', 10-22)",
+    )
+    q.add_argument(
+        "--scrape-ms",
+        type=_positive_ms,
+        default=t.scrape_ms,
+        metavar="MS",
+        help="the agent sees the experts as the gateway does, from scrapes of the engines' "
+        "metrics every MS ms (counts, memory, estimated progress); default: their exact state",
     )
     q.add_argument(
         "--credit",

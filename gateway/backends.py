@@ -18,7 +18,7 @@ from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
 from gateway.upstream import Attempt
 from oracle.topology import Topology
-from policies.qos_state import token_latency_mix
+from policies.qos_state import progress_share, token_latency_mix
 from policies.text import stable_hash
 from policies.types import BackendView, ClusterView, InflightRequest
 
@@ -281,7 +281,7 @@ class BackendPool:
     def engine_generated(self, b: Backend, tokens: float) -> None:
         """`tokens` more from `b`'s engine: shared among its running requests, of which
         those this replica sent whole (not streamed) take their part as progress."""
-        share = tokens / max(1, b.stats.running, len(b.requests))
+        share = progress_share(tokens, b.stats.running, len(b.requests))
         for entry in b.requests.values():
             if not entry.streamed:
                 entry.credit(share)

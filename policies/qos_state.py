@@ -87,6 +87,14 @@ def token_latency_mix(average: float, latest: float) -> float:
     return (1 - TOKEN_LATENCY_WEIGHT) * average + TOKEN_LATENCY_WEIGHT * latest
 
 
+def progress_share(tokens: float, running: int, inflight: int) -> float:
+    """Each in-flight request's part of the `tokens` an engine generated between two
+    scrapes of its metrics, when their answers are not streamed: the gateway cannot
+    tell which of them ran, so every one of them is credited alike. The gateway and
+    the simulator estimate progress alike."""
+    return tokens / max(1, running, inflight)
+
+
 # An empty row: no request (presence 0), one token so far so that dividing by it is safe.
 _EMPTY_ROW = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 

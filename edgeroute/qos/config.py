@@ -118,6 +118,10 @@ class TrainConfig:
     # benchmark's experts' (`edgeroute.sim.edge.BASE_MS`). A wider one reaches the
     # slower engines of the live run (`workers/profiles.py`: 20-40 ms).
     hardware_ms: tuple[float, float] | None = None
+    # The agent sees the experts as the gateway does, from scrapes of the engines'
+    # metrics this many ms apart (counts, memory, estimated progress; see
+    # `edgeroute.sim.edge.cluster_view`); None: their exact state at every decision.
+    scrape_ms: float | None = None
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

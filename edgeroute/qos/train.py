@@ -91,6 +91,7 @@ def make_env(
         reward=cfg.reward,  # type: ignore[arg-type]
         predictor=predictor or training_predictor(cfg),
         impact=cfg.impact,  # type: ignore[arg-type]
+        scrape=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000,
     )
 
 

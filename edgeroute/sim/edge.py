@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from policies.qos_state import encode, snapshot, token_latency_mix
+from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
@@ -302,6 +302,7 @@ class Req:
     pred_length: float
     generated: int = 0
     done_at: float = math.nan
+    estimated: float = 0.0  # its progress as the gateway estimates it (see `Scraped`)
 
     @property
     def tokens(self) -> int:
@@ -309,6 +310,17 @@ class Req:
 
     def latency_per_token(self, now: float) -> float:
         return (now - self.arrival) / max(1, self.generated)
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """An engine's figures as of the gateway's last scrape of its metrics."""
+
+    at: float = -math.inf
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    generated_total: int = 0
 
 
 @dataclass(eq=False)
@@ -319,6 +331,8 @@ class ExpertState:
     fresh: list[Req] = field(default_factory=list)  # admitted, prefill in this iteration
     clock: float = 0.0  # when the current iteration ends
     token_latency: float = 0.0  # of finished requests, as the gateway measures it
+    generated_total: int = 0  # the engine's generation-token counter
+    scraped: Scraped = field(default_factory=Scraped)
 
     @property
     def used_tokens(self) -> int:
@@ -350,8 +364,15 @@ class EdgeEnv:
         predictor: Predictor | None = None,
         arrivals: Iterator[Arrival] | None = None,
         impact: Impact = "reached",
+        scrape: float | None = None,
     ) -> None:
+        """`scrape`: the router sees the experts as the gateway does, scraping the
+        engines' metrics every `scrape` seconds (see `cluster_view`); None: their exact
+        state at every decision."""
+        if scrape is not None and not scrape > 0:
+            raise ValueError(f"scrape must be > 0 s, not {scrape}")
         self.specs = experts
+        self.scrape = scrape
         self.tasks = tasks
         self.rate = rate
         self.L = latency_req
@@ -385,6 +406,7 @@ class EdgeEnv:
         self.last_penalty = 0.0  # ... the impact penalty it incurred
         self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
         self.now = 0.0
+        self._next_scrape = 0.0
         self.decisions = 0
         self.finished: list[Req] = []  # completed requests, with their QoS
         self.dropped = 0
@@ -414,7 +436,30 @@ class EdgeEnv:
     # -- the experts' iterations ----------------------------------------------------
 
     def _advance(self, t: float) -> None:
-        """Run every expert's iterations that end by time t."""
+        """Run every expert's iterations that end by time t, and the gateway's scrapes
+        of their metrics due by then."""
+        if self.scrape is not None:
+            while self._next_scrape <= t:
+                self._run_until(self._next_scrape)
+                for e in self.experts:
+                    self._scrape(e)
+                self._next_scrape += self.scrape
+        self._run_until(t)
+
+    def _scrape(self, e: ExpertState) -> None:
+        """What the gateway's monitor does with a scrape: keep the counts and memory, and
+        share the tokens generated since the last one among the requests it has in flight
+        there (`policies.qos_state.progress_share`)."""
+        running = len(e.running) + len(e.fresh)
+        inflight = [*e.running, *e.fresh, *e.waiting]
+        share = progress_share(
+            e.generated_total - e.scraped.generated_total, running, len(inflight)
+        )
+        for r in inflight:
+            r.estimated += share
+        e.scraped = Scraped(self.now, running, len(e.waiting), e.memory(), e.generated_total)
+
+    def _run_until(self, t: float) -> None:
         for e in self.experts:
             while True:
                 if not e.running and not e.fresh:
@@ -447,6 +492,7 @@ class EdgeEnv:
         end = e.clock
         e.running.extend(e.fresh)
         e.fresh = []
+        e.generated_total += len(e.running)
         still = []
         for r in e.running:
             r.generated += 1
@@ -561,26 +607,36 @@ MODEL = "edge"  # every simulated expert serves it, under its own model as `expe
 def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
     """The waiting arrival (the `i`th decision) and the experts as the gateway would
     see them: the engine's running and waiting counts, KV use and capacity, and the
-    in-flight requests with their predictions and progress."""
+    in-flight requests with their predictions and progress. With `env.scrape` set, the
+    counts and memory are the last scrape's and a request's progress is the gateway's
+    estimate (its answer is not streamed); else all of it is exact."""
     backends = []
     for n, e in enumerate(env.experts):
         queue = [*e.running, *e.fresh, *e.waiting]
+        if env.scrape is None:
+            seen = Scraped(env.now, len(e.running) + len(e.fresh), len(e.waiting), e.memory())
+        else:
+            seen = e.scraped
         backends.append(
             BackendView(
                 id=f"e{n}",
                 models=frozenset({MODEL}),
                 expert=e.spec.model,
-                running=len(e.running) + len(e.fresh),
-                waiting=len(e.waiting),
-                kv_usage=e.memory(),
+                running=seen.running,
+                waiting=seen.waiting,
+                kv_usage=seen.kv_usage,
                 kv_capacity_tokens=e.spec.memory_tokens,
-                stats_age=0.0,
+                stats_age=env.now - seen.at,
                 inflight=len(queue),
                 max_batch=e.spec.running_cap,
                 token_latency=e.token_latency,
                 requests=tuple(
                     InflightRequest(
-                        r.prompt_tokens, r.arrival, r.generated, r.pred_score, r.pred_length
+                        r.prompt_tokens,
+                        r.arrival,
+                        r.generated if env.scrape is None else int(r.estimated),
+                        r.pred_score,
+                        r.pred_length,
                     )
                     for r in queue
                 ),

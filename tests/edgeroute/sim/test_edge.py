@@ -16,6 +16,7 @@ from edgeroute.sim.edge import (
     Task,
     azure_arrivals,
     bucket,
+    cluster_view,
     poisson_arrivals,
 )
 
@@ -180,3 +181,58 @@ def test_any_azure_format_file_gives_instants_and_sizes(tmp_path: Path) -> None:
     assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
     assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
     assert [a.t for a in azure_arrivals(trace, rate=3.0)] == pytest.approx([0.0, 0.5, 1.0])
+
+
+def _token_times(prompt: int, length: int, expert: EdgeExpert = EXPERT) -> list[float]:
+    """When each token of a lone request arriving at 0 is out (the iteration model)."""
+    t = expert.base + expert.k1 * prompt
+    times = [t]
+    for g in range(1, length):
+        t += expert.base + expert.k2 * (prompt + g)
+        times.append(t)
+    return times
+
+
+def test_a_scraping_view_shows_the_engine_as_of_its_last_scrape() -> None:
+    exact = env_with(EXPERT, [task(100, 100)], [0.0, 0.5, 1e6])
+    scraped = env_with(EXPERT, [task(100, 100)], [0.0, 0.5, 1e6], scrape=0.2)
+    for env in (exact, scraped):
+        env.step(1)  # routed at 0; the next decision is at 0.5
+    out_by = sum(1 for t in _token_times(100, 100) if t <= 0.4)  # the last scrape: 0.4
+    out_now = sum(1 for t in _token_times(100, 100) if t <= 0.5)
+    assert out_by < out_now
+
+    (seen,) = cluster_view(scraped, 1)[1].backends
+    assert seen.stats_age == pytest.approx(0.1)
+    assert seen.running == 1 and seen.waiting == 0
+    assert seen.kv_usage == pytest.approx((100 + out_by) / EXPERT.memory_tokens)
+    assert [r.generated for r in seen.requests] == [out_by]
+
+    (truth,) = cluster_view(exact, 1)[1].backends
+    assert truth.stats_age == 0.0
+    assert truth.kv_usage == pytest.approx((100 + out_now) / EXPERT.memory_tokens)
+    assert [r.generated for r in truth.requests] == [out_now]
+
+
+def test_a_scraping_view_credits_waiting_requests_as_the_gateway_does() -> None:
+    # One request runs at a time: the gateway cannot tell which of its two in-flight
+    # requests made the tokens, so each is credited half (`progress_share`).
+    one_at_a_time = EdgeExpert(
+        MODEL, base=0.01, k1=0.0001, k2=0.00001, memory_tokens=10_000, running_cap=1
+    )
+    env = env_with(one_at_a_time, [task(100, 100)], [0.0, 0.0, 0.5, 1e6], scrape=0.2)
+    env.step(1)
+    env.step(1)
+    times = _token_times(100, 100, one_at_a_time)
+    out_by = sum(1 for t in times if t <= 0.4)
+    (seen,) = cluster_view(env, 2)[1].backends
+    assert seen.running == 1 and seen.waiting == 1
+    assert [r.generated for r in seen.requests] == [out_by // 2, out_by // 2]
+    # The truth at 0.5: the first has all of its tokens, the second none.
+    assert [r.generated for r in env.experts[0].running] == [sum(1 for t in times if t <= 0.5)]
+    assert [r.generated for r in env.experts[0].waiting] == [0]
+
+
+def test_a_scrape_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="scrape"):
+        env_with(EXPERT, [task()], [0.0], scrape=0.0)
