@@ -132,8 +132,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--scrape-ms",
         type=float,
-        help="with --live: the gateway's scrape of the engines' metrics, in emulated ms "
-        "(default: the gateway's own; another value writes results of its own)",
+        help="the gateway's scrape of the engines' metrics, in (emulated) ms; in simulation "
+        "the policies then see the experts as the gateway does (default: exactly), live "
+        "the gateway scrapes so (default: its own); results of their own",
     )
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
@@ -317,7 +318,7 @@ def _qos(a: argparse.Namespace) -> None:
             scrape_ms=a.scrape_ms,
         )
         return
-    main(a.quick, a.seed, a.json, runs, a.trace, a.quality)
+    main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms)
 
 
 def _growth(a: argparse.Namespace) -> None:

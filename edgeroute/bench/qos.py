@@ -76,6 +76,14 @@ def agents_named(base: str, models: dict[str, list[Path]]) -> tuple[str, str]:
     return "_".join([base, *safe]), flags
 
 
+def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
+    """The results' name and flag for a scrape of the engines' metrics every
+    `scrape_ms` (None: the world's default): another world, so results of its own."""
+    if scrape_ms is None:
+        return base, ""
+    return f"{base}_scrape-{scrape_ms:g}ms", f" --scrape-ms {scrape_ms:g}"
+
+
 def main(
     quick: bool,
     seed: int,
@@ -83,10 +91,13 @@ def main(
     models: dict[str, list[Path]],
     trace: str | None,
     quality: Quality = "routerbench",
+    scrape_ms: float | None = None,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure pools its training seeds and the environment
-    seeds."""
+    seeds. `scrape_ms`: the policies see the experts as the gateway does, from scrapes
+    of the engines' metrics that far apart (`edgeroute.sim.edge.cluster_view`); by
+    default, their exact state."""
     from workers.quality import default_data_dir
 
     data = default_data_dir()
@@ -95,7 +106,8 @@ def main(
     episode = 256 if quick else 512
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
-    result_name, model_flags = agents_named("qos" + quality_suffix(quality), models)
+    base, scrape_flag = scrape_named("qos" + quality_suffix(quality), scrape_ms)
+    result_name, model_flags = agents_named(base, models)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
@@ -136,6 +148,7 @@ def main(
             episode_len=episode,
             predictor=predictor,
             arrivals=azure_arrivals(trace_path, rate, start=k * episode) if arrivals else None,
+            scrape=None if scrape_ms is None else scrape_ms / 1000,
         )
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
@@ -212,6 +225,13 @@ def main(
         "heuristic's. `SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
         "perfect predictions, against `SQF+predicted` with the served ones."
+        + (
+            ""
+            if scrape_ms is None
+            else f" Policies that read the engines' state see it as the gateway does, from "
+            f"scrapes of their metrics every {scrape_ms:g} ms (counts and memory as of the "
+            "last scrape, progress estimated); SQF and its variants read the exact queues."
+        )
     ]
     if latency:
         notes.append(
@@ -224,6 +244,7 @@ def main(
             "command": "edgeroute bench qos"
             + (" --quick" if quick else "")
             + quality_flag(quality)
+            + scrape_flag
             + model_flags,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,

@@ -143,13 +143,11 @@ def named(quality: Quality, scrape_ms: float, models: dict[str, list[Path]]) -> 
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default is another world, and agents given by hand are other agents, so each
     gets results of its own rather than overwriting the committed ones."""
-    from edgeroute.bench.qos import agents_named
+    from edgeroute.bench.qos import agents_named, scrape_named
 
-    base = "qos_live" + quality_suffix(quality)
-    scrape_flag = ""
-    if scrape_ms != SCRAPE_MS:
-        base += f"_scrape-{scrape_ms:g}ms"
-        scrape_flag = f" --scrape-ms {scrape_ms:g}"
+    base, scrape_flag = scrape_named(
+        "qos_live" + quality_suffix(quality), None if scrape_ms == SCRAPE_MS else scrape_ms
+    )
     name, model_flags = agents_named(base, models)
     return name, scrape_flag + model_flags
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeroute.bench.qos import agents_named, main
+from edgeroute.bench.qos import agents_named, main, scrape_named
 from policies.qos_drl import DEFAULT_MODEL_DIR
 from tests.support import DATA_DIR, needs_data
 
@@ -21,6 +21,11 @@ def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
     )
     assert name == "qos_live_wide_my-run-"
     assert flags == " --model wide=a/full-s0,a/full-s1 --model my run!=b"
+
+
+def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:
+    assert scrape_named("qos_routerdc", None) == ("qos_routerdc", "")
+    assert scrape_named("qos", 1000.0) == ("qos_scrape-1000ms", " --scrape-ms 1000")
 
 
 @needs_data("the quality data")
