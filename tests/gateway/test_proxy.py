@@ -226,9 +226,12 @@ def test_client_disconnect_cancels_the_upstream_request(
 def test_circuit_opens_on_failures_and_recovers(start_worker: Start, start_gateway: Start) -> None:
     flaky_url, flaky = start_worker(enable_faults=True)
     steady_url, _ = start_worker()
+    # A cool-down no loaded machine outlasts; the test ends it itself (below), so that
+    # "open" is not a race against the clock.
     url, gw = start_gateway(
         [{"url": flaky_url, "id": "flaky"}, {"url": steady_url, "id": "steady"}],
         routing={"default": {"policy": "round_robin"}},
+        circuit={"failures": 2, "open_seconds": 3600},
     )
     headers = {"authorization": "Bearer test-admin-token"}
     flaky.config.fault.mode = "error"
@@ -251,6 +254,10 @@ def test_circuit_opens_on_failures_and_recovers(start_worker: Start, start_gatew
     # Fixed, and /health answers, but only a request served closes the circuit: past
     # the cool-down it is half-open until the next request there (its trial) succeeds.
     flaky.config.fault.mode = "none"
+    time.sleep(0.3)  # a few good health probes during the cool-down
+    assert state() == "open"
+    circuit = gw.pool.get("flaky").circuit
+    circuit.opened_at -= circuit.open_seconds  # the cool-down is over
     wait_until(lambda: state() == "half_open", timeout=30)
     time.sleep(0.3)  # a few good health probes
     assert state() == "half_open"
