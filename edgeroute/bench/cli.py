@@ -136,6 +136,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the policies then see the experts as the gateway does (default: exactly), live "
         "the gateway scrapes so (default: its own); results of their own",
     )
+    q.add_argument(
+        "--max-batch",
+        type=int,
+        help="with --live: each emulated engine runs at most this many requests at once "
+        "(the paper's edge experts: 5; default: the profiles' own, 256); results of their own",
+    )
     q.set_defaults(func=lambda a: _qos(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -316,6 +322,7 @@ def _qos(a: argparse.Namespace) -> None:
             n_seeds=a.seeds,
             quality=a.quality,
             scrape_ms=a.scrape_ms,
+            max_batch=a.max_batch,
         )
         return
     main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms)

@@ -54,10 +54,12 @@ async def run_policy(
     data_dir: Path,
     quality: Quality = "routerbench",
     scrape_ms: float = SCRAPE_MS,
+    max_batch: int | None = None,
 ) -> dict[str, Any]:
     """`quality` routerbench: each worker is its RouterBench model's profile; routerdc:
     the same hardware, answering as RouterDC's models in turn (and named after them,
-    as the predictor knows them)."""
+    as the predictor knows them). `max_batch`: each engine runs at most that many
+    requests at once (the paper's edge experts: 5), else its profile's limit."""
     answers = QUALITY_MODELS[quality] if quality != "routerbench" else (None,) * len(EXPERTS)
     port, *worker_ports = free_ports(1 + len(EXPERTS))
     workers = [
@@ -69,6 +71,7 @@ async def run_policy(
                 port=worker_ports[i],
                 speedup=speedup,
                 data_dir=data_dir,
+                overrides={} if max_batch is None else {"max_batch": max_batch},
             )
         )
         for i, (p, a) in enumerate(zip(EXPERTS, answers, strict=False))
@@ -139,17 +142,26 @@ async def _replay(
     return results
 
 
-def named(quality: Quality, scrape_ms: float, models: dict[str, list[Path]]) -> tuple[str, str]:
+def named(
+    quality: Quality,
+    scrape_ms: float,
+    models: dict[str, list[Path]],
+    max_batch: int | None = None,
+) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
-    the default is another world, and agents given by hand are other agents, so each
-    gets results of its own rather than overwriting the committed ones."""
+    the default or engines with another batch limit are another world, and agents
+    given by hand are other agents, so each gets results of its own rather than
+    overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named
 
-    base, scrape_flag = scrape_named(
+    base, flags = scrape_named(
         "qos_live" + quality_suffix(quality), None if scrape_ms == SCRAPE_MS else scrape_ms
     )
+    if max_batch is not None:
+        base += f"_batch-{max_batch}"
+        flags += f" --max-batch {max_batch}"
     name, model_flags = agents_named(base, models)
-    return name, scrape_flag + model_flags
+    return name, flags + model_flags
 
 
 def main(
@@ -164,16 +176,17 @@ def main(
     n_seeds: int = 3,
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
+    max_batch: int | None = None,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
-    (modulo its number of runs)."""
+    (modulo its number of runs). `max_batch`: see `run_policy`."""
     from edgeroute.bench.qos import trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
-    result_name, flags = named(quality, scrape_ms, models)
+    result_name, flags = named(quality, scrape_ms, models, max_batch)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -201,6 +214,7 @@ def main(
                     data_dir,
                     quality,
                     scrape_ms,
+                    max_batch,
                 )
             )
             rows.append({"seed": one_seed, "policy": name, **r})
@@ -239,6 +253,7 @@ def main(
             "speedup": speedup,
             "latency_ms": latency_ms,
             "scrape_ms": scrape_ms,
+            "max_batch": max_batch,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
         },
         summary,
@@ -257,8 +272,15 @@ def main(
             f"workers ({WORKERS[quality]}, time-scaled x{speedup:g}, in the client's "
             f"process), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
-            f"{latency_ms:g} ms, engines' metrics scraped every {scrape_ms:g} emulated ms. "
-            "QoS per request is the worker's reported score times "
+            f"{latency_ms:g} ms, engines' metrics scraped every {scrape_ms:g} emulated ms"
+            + (
+                ". "
+                if max_batch is None
+                else f", each engine running at most {max_batch} requests at once "
+                "(the paper's edge experts' running slots; their waiting queue is not "
+                "capped). "
+            )
+            + "QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "
             "scores 0. `met_share`: requests answered within L. `minus_least_load`: the "
             "QoS difference from least-load, paired by seed. Intervals are over the "

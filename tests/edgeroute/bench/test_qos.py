@@ -82,3 +82,5 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     assert named("routerdc", 200.0, {}) == ("qos_live_routerdc_scrape-200ms", " --scrape-ms 200")
     name, flags = named("routerdc", 200.0, {"x": [Path("a")]})
     assert (name, flags) == ("qos_live_routerdc_scrape-200ms_x", " --scrape-ms 200 --model x=a")
+    name, flags = named("routerdc", SCRAPE_MS, {"x": [Path("a")]}, max_batch=5)
+    assert (name, flags) == ("qos_live_routerdc_batch-5_x", " --max-batch 5 --model x=a")
