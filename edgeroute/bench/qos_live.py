@@ -238,6 +238,8 @@ def main(
                 "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
                 "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
                 "requests": sum(r["requests"] for r in mine),
+                "per_seed_qos": [r["qos"] for r in mine],
+                "per_seed_drop_rate": [r["drop_rate"] for r in mine],
             }
         )
     write(
