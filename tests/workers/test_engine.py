@@ -124,3 +124,19 @@ def test_a_request_larger_than_memory_is_refused_at_submission() -> None:
         assert "KV cache" in str(exc)
     else:
         raise AssertionError("expected a refusal")
+
+
+def test_the_batch_holds_at_most_max_batch_and_the_rest_wait_their_turn() -> None:
+    e = Engine(profile(max_batch=2))
+    seqs = [Sequence(s, prompt_tokens=4, target_tokens=3) for s in "abc"]
+    for s in seqs:
+        e.submit(s)
+    plan = e.schedule()
+    assert plan.prefill == seqs[:2] and list(e.waiting) == seqs[2:]
+    e.complete(plan, 0.0)
+    plan = e.schedule()
+    assert plan.decode == seqs[:2] and not plan.prefill  # still full: c waits
+    e.complete(plan, 0.1)
+    e.complete(e.schedule(), 0.2)  # a and b finish with their third token
+    plan = e.schedule()
+    assert plan.prefill == seqs[2:] and not e.waiting
