@@ -254,6 +254,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         latencies_ms=args.latencies,
         hardware_ms=args.hardware_ms,
         scrape_ms=args.scrape_ms,
+        waiting_cap=args.waiting_cap,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -502,6 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the agent sees the experts as the gateway does, from scrapes of the engines' "
         "metrics every MS ms (counts, memory, estimated progress); default: their exact state",
+    )
+    q.add_argument(
+        "--waiting-cap",
+        type=int,
+        default=t.waiting_cap,
+        metavar="N",
+        help="requests an expert holds waiting before it refuses more (the paper's 5; a "
+        "large N: engines that never refuse, as live ones)",
     )
     q.add_argument(
         "--credit",

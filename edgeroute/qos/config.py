@@ -122,6 +122,9 @@ class TrainConfig:
     # metrics this many ms apart (counts, memory, estimated progress; see
     # `edgeroute.sim.edge.cluster_view`); None: their exact state at every decision.
     scrape_ms: float | None = None
+    # Requests an expert holds waiting before it refuses more (the paper's 5); a large
+    # value is an engine that never refuses, as vLLM's (the queue then only grows).
+    waiting_cap: int = 5
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

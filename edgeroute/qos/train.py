@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +65,13 @@ def training_predictor(cfg: TrainConfig) -> Predictor:
 
 
 def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
-    return default_experts(
+    experts = default_experts(
         cfg.experts,
         seed=hardware,
         models=QUALITY_MODELS[cfg.quality],
         base_ms=cfg.hardware_ms or BASE_MS,
     )
+    return [replace(e, waiting_cap=cfg.waiting_cap) for e in experts]
 
 
 def make_env(

@@ -215,6 +215,20 @@ def test_episodes_draw_their_hardware_from_the_configured_range() -> None:
     assert all(0.010 <= spec.base <= 0.022 for spec in env.specs)  # the benchmark's by default
 
 
+@needs_data("the quality data")
+def test_training_experts_take_the_configured_waiting_cap() -> None:
+    from edgeroute.qos.train import make_env, new_episode
+
+    env = make_env(tiny(waiting_cap=1000), DATA_DIR)
+    new_episode(env, tiny(waiting_cap=1000), np.random.default_rng(0))
+    assert {spec.waiting_cap for spec in env.specs} == {1000}
+    for _ in range(20):  # more arrivals than 5 waiting slots, all to expert 1
+        env.step(1)
+    assert env.dropped == 0 and len(env.experts[0].waiting) > 5
+    new_episode(env, tiny(), np.random.default_rng(0))
+    assert {spec.waiting_cap for spec in env.specs} == {5}  # the paper's by default
+
+
 def test_a_hardware_seed_keeps_its_other_constants_whatever_the_base_range() -> None:
     from edgeroute.sim.edge import default_experts
 
