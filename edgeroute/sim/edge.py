@@ -341,6 +341,16 @@ class ExpertState:
     def memory(self) -> float:
         return self.used_tokens / self.spec.memory_tokens
 
+    def figures(self, now: float) -> Scraped:
+        """Its metrics as a scrape at `now` reads them."""
+        return Scraped(
+            now,
+            len(self.running) + len(self.fresh),
+            len(self.waiting),
+            self.memory(),
+            self.generated_total,
+        )
+
 
 RewardKind = Literal["qos", "completion"]
 # Which running requests eq. 15 counts: those whose estimated latency with the new
@@ -450,14 +460,14 @@ class EdgeEnv:
         """What the gateway's monitor does with a scrape: keep the counts and memory, and
         share the tokens generated since the last one among the requests it has in flight
         there (`policies.qos_state.progress_share`)."""
-        running = len(e.running) + len(e.fresh)
+        seen = e.figures(self.now)
         inflight = [*e.running, *e.fresh, *e.waiting]
         share = progress_share(
-            e.generated_total - e.scraped.generated_total, running, len(inflight)
+            seen.generated_total - e.scraped.generated_total, seen.running, len(inflight)
         )
         for r in inflight:
             r.estimated += share
-        e.scraped = Scraped(self.now, running, len(e.waiting), e.memory(), e.generated_total)
+        e.scraped = seen
 
     def _run_until(self, t: float) -> None:
         for e in self.experts:
@@ -613,10 +623,7 @@ def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
     backends = []
     for n, e in enumerate(env.experts):
         queue = [*e.running, *e.fresh, *e.waiting]
-        if env.scrape is None:
-            seen = Scraped(env.now, len(e.running) + len(e.fresh), len(e.waiting), e.memory())
-        else:
-            seen = e.scraped
+        seen = e.figures(env.now) if env.scrape is None else e.scraped
         backends.append(
             BackendView(
                 id=f"e{n}",
