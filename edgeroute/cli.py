@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from edgeroute.bench.cli import DefaultsHelp
+from edgeroute.bench.cli import DefaultsHelp, positive_ms
 from edgeroute.bench.cli import add_parser as add_bench
 from gateway.logs import configure
 from gateway.serving import (
@@ -53,17 +53,6 @@ def _ms_range(text: str) -> tuple[float, float]:
     if not 0 < low <= high:
         raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
     return low, high
-
-
-def _positive_ms(text: str) -> float:
-    """`--scrape-ms MS`: a span in ms, MS > 0."""
-    try:
-        ms = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ms, not {text!r}") from None
-    if not ms > 0:
-        raise argparse.ArgumentTypeError(f"expected MS > 0, not {text!r}")
-    return ms
 
 
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
@@ -498,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--scrape-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=t.scrape_ms,
         metavar="MS",
         help="the agent sees the experts as the gateway does, from scrapes of the engines' "

@@ -8,6 +8,17 @@ from pathlib import Path
 from edgeroute.qos.config import QUALITIES
 
 
+def positive_ms(text: str) -> float:
+    """`--scrape-ms MS` (of `bench qos` and `train qos`): a span in ms, MS > 0."""
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ms, not {text!r}") from None
+    if not ms > 0:
+        raise argparse.ArgumentTypeError(f"expected MS > 0, not {text!r}")
+    return ms
+
+
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help line, unless the help already names it."""
 
@@ -131,7 +142,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument("--seeds", type=int, default=3, help="with --live: seeds")
     q.add_argument(
         "--scrape-ms",
-        type=float,
+        type=positive_ms,
         help="the gateway's scrape of the engines' metrics, in (emulated) ms; in simulation "
         "the policies then see the experts as the gateway does (default: exactly), live "
         "the gateway scrapes so (default: its own); results of their own",

@@ -144,3 +144,14 @@ def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "qos", "--hardware-ms", "40,10"])
     assert "--hardware-ms: expected" in capsys.readouterr().err
+
+
+def test_a_scrape_interval_is_a_positive_span(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    for command in (["train", "qos"], ["bench", "qos"]):
+        assert parser.parse_args([*command, "--scrape-ms", "200"]).scrape_ms == 200.0
+        assert parser.parse_args(command).scrape_ms is None  # exact state / the gateway's own
+        for bad in ("0", "-5", "soon"):
+            with pytest.raises(SystemExit):
+                parser.parse_args([*command, "--scrape-ms", bad])
+            assert "--scrape-ms: expected" in capsys.readouterr().err
