@@ -509,10 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--impact",
-        choices=["reached", "pushed"],
+        choices=["reached", "pushed", "counterfactual"],
         default=t.impact,
         help="eq. 15 counts running requests that reach L with the new one, or only "
-        "those it pushes over",
+        "those it pushes over; counterfactual: instead of eq. 15, the QoS the expert's "
+        "other requests truly lose (the simulator's future with and without the request)",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

@@ -109,7 +109,9 @@ class TrainConfig:
     # the impact penalty); "completion": the paper's letter, completions rewarded at the
     # decision during which they finish (see docs/research.md for what each measured).
     credit: str = "request"
-    impact: str = "reached"  # eq. 15 as written, or "pushed": only requests it pushes over L
+    # eq. 15 as written, "pushed": only requests it pushes over L, or "counterfactual":
+    # the QoS the decision truly costs the others (`EdgeEnv.counterfactual_impact`)
+    impact: str = "reached"
     randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
     # it, where some experts' hardware cannot meet L at all (see docs/research.md).

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from edgeroute.sim.timeline import Engine, Job, finish_times
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
@@ -354,8 +355,10 @@ class ExpertState:
 
 RewardKind = Literal["qos", "completion"]
 # Which running requests eq. 15 counts: those whose estimated latency with the new
-# request reaches L (as written), or only those it pushes over (as the text says).
-Impact = Literal["reached", "pushed"]
+# request reaches L (as written), or only those it pushes over (as the text says); or,
+# instead of eq. 15, the QoS the decision really costs the expert's other requests
+# ("counterfactual": its future with and without the new request, `timeline`).
+Impact = Literal["reached", "pushed", "counterfactual"]
 
 
 class EdgeEnv:
@@ -521,7 +524,38 @@ class EdgeEnv:
 
     # -- the router's step ------------------------------------------------------------
 
-    def impact_penalty(self, n: int) -> float:
+    def impact_penalty(self, n: int, req: Req) -> float:
+        """What routing `req` (the current arrival) to expert n costs the requests there:
+        eq. 15's estimate, or with impact "counterfactual" the true cost."""
+        if self.impact == "counterfactual":
+            return self.counterfactual_impact(n, req)
+        return self.estimated_impact(n)
+
+    def counterfactual_impact(self, n: int, req: Req) -> float:
+        """The QoS (eq. 1, true scores and lengths) that expert n's other requests lose
+        when `req` joins its queue, by the expert's future with and without it if nothing
+        more arrives (`timeline.finish_times`): what eq. 15 estimates, known exactly
+        here because the simulator knows every request's length. Training only."""
+        e = self.experts[n]
+        s = e.spec
+        engine = Engine(s.base, s.k1, s.k2, s.memory_tokens, s.running_cap)
+        others = [*e.running, *e.fresh, *e.waiting]
+        jobs = [Job(i, r.prompt_tokens, r.generated, r.length) for i, r in enumerate(others)]
+        running, fresh = (
+            jobs[: len(e.running)],
+            jobs[len(e.running) : len(e.running) + len(e.fresh)],
+        )
+        waiting = jobs[len(e.running) + len(e.fresh) :]
+        new = Job(len(jobs), req.prompt_tokens, req.generated, req.length)
+        without = finish_times(engine, running, fresh, waiting, e.clock, self.now)
+        with_new = finish_times(engine, running, fresh, [*waiting, new], e.clock, self.now)
+
+        def met(done: dict[int, float], i: int) -> bool:
+            return (done[i] - others[i].arrival) / others[i].length <= self.L
+
+        return sum(r.score * (met(without, i) - met(with_new, i)) for i, r in enumerate(others))
+
+    def estimated_impact(self, n: int) -> float:
         """Eq. 13-15: predicted QoS of running requests on expert n that routing the
         current request there would push over L."""
         e = self.experts[n]
@@ -573,8 +607,6 @@ class EdgeEnv:
                     )
                 )
             else:
-                if self.reward_kind == "qos":
-                    penalty = self.impact_penalty(n)
                 model = e.spec.model
                 req = Req(
                     self.task,
@@ -585,6 +617,8 @@ class EdgeEnv:
                     self.preds[n][0],
                     self.preds[n][1],
                 )
+                if self.reward_kind == "qos":
+                    penalty = self.impact_penalty(n, req)
                 e.waiting.append(req)
                 self.last_request = req
                 if not e.running and not e.fresh:

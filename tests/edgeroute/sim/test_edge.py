@@ -103,16 +103,16 @@ def test_impact_penalty_is_eq_15() -> None:
     step = EXPERT.base + EXPERT.k2 * r.tokens
     projected = ((env.now - r.arrival) + (d_i - r.generated) * step) / d_i
     crosses = projected + extra >= env.L
-    assert env.impact_penalty(0) == (r.pred_score if crosses else 0.0)
+    assert env.estimated_impact(0) == (r.pred_score if crosses else 0.0)
     # A tighter L makes the same action costly.
     env.L = 1e-4
-    assert env.impact_penalty(0) == pytest.approx(r.pred_score)
+    assert env.estimated_impact(0) == pytest.approx(r.pred_score)
     # Read as "pushed over": a request already past L without the new one is not
     # counted; one the new request tips over still is.
     env.impact = "pushed"
-    assert env.impact_penalty(0) == 0.0  # projected alone is far above 1e-4
+    assert env.estimated_impact(0) == 0.0  # projected alone is far above 1e-4
     env.L = projected + extra / 2
-    assert env.impact_penalty(0) == pytest.approx(r.pred_score)
+    assert env.estimated_impact(0) == pytest.approx(r.pred_score)
 
 
 def test_completion_reward_counts_only_completions() -> None:
