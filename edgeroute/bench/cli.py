@@ -154,6 +154,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "(the paper's edge experts: 5; default: the profiles' own, 256); results of their own",
     )
     q.set_defaults(func=lambda a: _qos(a))
+    qi = command("qos-impact", help="eq. 15's impact estimate against the true impact")
+    common(qi)
+    qi.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an agent whose trajectory is measured, repeatable; default: the quality's "
+        "full and dsa run 0",
+    )
+    qi.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
+    qi.set_defaults(func=lambda a: _qos_impact(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
     g.set_defaults(func=lambda a: _growth(a))
@@ -337,6 +349,13 @@ def _qos(a: argparse.Namespace) -> None:
         )
         return
     main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms)
+
+
+def _qos_impact(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_impact import main
+
+    models = dict(m.split("=", 1) for m in a.model)
+    main(a.quick, a.seed, a.json, {k: [Path(v)] for k, v in models.items()}, a.quality)
 
 
 def _growth(a: argparse.Namespace) -> None:

@@ -524,6 +524,20 @@ class EdgeEnv:
 
     # -- the router's step ------------------------------------------------------------
 
+    def request_for(self, n: int) -> Req:
+        """The waiting arrival as a request on expert n: that model's real answer length
+        and score, and the predictions the router was given for it."""
+        model = self.experts[n].spec.model
+        return Req(
+            self.task,
+            self.now,
+            self.task.prompt_tokens,
+            self.task.lengths[model],
+            self.task.scores[model],
+            self.preds[n][0],
+            self.preds[n][1],
+        )
+
     def impact_penalty(self, n: int, req: Req) -> float:
         """What routing `req` (the current arrival) to expert n costs the requests there:
         eq. 15's estimate, or with impact "counterfactual" the true cost."""
@@ -607,16 +621,7 @@ class EdgeEnv:
                     )
                 )
             else:
-                model = e.spec.model
-                req = Req(
-                    self.task,
-                    self.now,
-                    self.task.prompt_tokens,
-                    self.task.lengths[model],
-                    self.task.scores[model],
-                    self.preds[n][0],
-                    self.preds[n][1],
-                )
+                req = self.request_for(n)
                 if self.reward_kind == "qos":
                     penalty = self.impact_penalty(n, req)
                 e.waiting.append(req)

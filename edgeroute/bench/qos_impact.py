@@ -1,0 +1,174 @@
+"""How well eq. 15 estimates a routing decision's impact: `edgeroute bench qos-impact`.
+
+Along each policy's own trajectory in the edge-expert simulator, every routed decision
+gets eq. 15's penalty (as written, "reached", and read as "pushed") and the true
+impact: the QoS the chosen expert's other requests lose because the arrival joined
+(`EdgeEnv.counterfactual_impact`: the expert's future with and without it when nothing
+more arrives, true lengths and scores). An estimator that fires where no QoS is lost
+teaches the agent to avoid harmless decisions; one that stays silent where QoS is lost
+teaches nothing. Settings: the paper's default and its sweeps of lambda and L.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from edgeroute.bench.qos import agents_named, trained_runs
+from edgeroute.qos.config import (
+    DEFAULT_LATENCY_MS,
+    DEFAULT_RATE,
+    SWEEP_LATENCIES_MS,
+    SWEEP_RATES,
+    quality_dir,
+    quality_flag,
+    quality_suffix,
+)
+from edgeroute.qos.evaluate import BASELINES, Policy, served
+from edgeroute.results_io import write
+from edgeroute.sim.edge import (
+    QUALITY_MODELS,
+    EdgeEnv,
+    Impact,
+    Quality,
+    ServedPredictor,
+    default_experts,
+    load_tasks,
+)
+from policies.qos_drl import load, load_predictor
+
+ESTIMATORS: tuple[Impact, ...] = ("reached", "pushed")
+
+
+def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]]:
+    """Each routed decision's estimates and true impact along one episode."""
+    out = []
+    env.reset(seed)
+    done, i = False, 0
+    while not done:
+        action = policy(env, i)
+        n = action - 1
+        if action and len(env.experts[n].waiting) < env.experts[n].spec.waiting_cap:
+            row = {"true": env.counterfactual_impact(n, env.request_for(n))}
+            for kind in ESTIMATORS:
+                env.impact = kind
+                row[kind] = env.estimated_impact(n)
+            out.append(row)
+        _, done = env.step(action)
+        i += 1
+    return out
+
+
+def summary(decisions: list[dict[str, float]], kind: str) -> dict[str, Any]:
+    """Precision: of the decisions the estimator penalises, the share that cost QoS;
+    recall: of those that cost QoS, the share it penalises."""
+    fired = [d for d in decisions if d[kind] > 0]
+    harmful = [d for d in decisions if d["true"] > 0]
+    return {
+        "fires": len(fired) / len(decisions),
+        "precision": sum(d["true"] > 0 for d in fired) / len(fired) if fired else None,
+        "recall": sum(d[kind] > 0 for d in harmful) / len(harmful) if harmful else None,
+        "mean_estimate": statistics.fmean(d[kind] for d in decisions),
+    }
+
+
+def main(
+    quick: bool,
+    seed: int,
+    json_path: str | None,
+    models: dict[str, list[Path]],
+    quality: Quality = "routerbench",
+) -> None:
+    """`models`: agents whose trajectories are measured, first run of each; by default
+    the quality world's full and dsa runs. SQF's trajectory is measured too."""
+    from workers.quality import default_data_dir
+
+    tasks = load_tasks(default_data_dir(), split="eval", quality=quality)
+    predictor = ServedPredictor(load_predictor(quality_dir(quality)))
+    runs = models or {k: v for k, v in trained_runs(quality).items() if k in ("full", "dsa")}
+    seeds = [seed + 100 + i for i in range(1 if quick else 5)]
+    episode = 256 if quick else 512
+    settings = [("default", DEFAULT_RATE, DEFAULT_LATENCY_MS)]
+    if not quick:
+        settings += [(f"lambda={r:g}", r, DEFAULT_LATENCY_MS) for r in SWEEP_RATES]
+        settings += [(f"L={lat:g}ms", DEFAULT_RATE, lat) for lat in SWEEP_LATENCIES_MS]
+    rows: list[dict[str, Any]] = []
+    for label, rate, latency_ms in settings:
+        policies: dict[str, Policy] = {"SQF": BASELINES["SQF"]}
+        policies.update({k: served(load(v[0], latency_ms)) for k, v in runs.items()})
+        for name, policy in policies.items():
+            env = EdgeEnv(
+                default_experts(6, seed=0, models=QUALITY_MODELS[quality]),
+                tasks,
+                rate=rate,
+                latency_req=latency_ms / 1000,
+                episode_len=episode,
+                predictor=predictor,
+            )
+            decisions = [d for s in seeds for d in trajectory(env, policy, s)]
+            harm = [d["true"] for d in decisions]
+            for kind in ESTIMATORS:
+                rows.append(
+                    {
+                        "setting": label,
+                        "trajectory": name,
+                        "estimator": f"eq. 15 {kind}",
+                        "decisions": len(decisions),
+                        "costly": sum(h > 0 for h in harm) / len(harm),
+                        "mean_true": statistics.fmean(harm),
+                        **summary(decisions, kind),
+                    }
+                )
+            last = rows[-2:]
+            print(
+                f"  {label:<10} {name:<6} costly {last[0]['costly']:.1%}  "
+                + "  ".join(
+                    f"{r['estimator']}: fires {r['fires']:.1%} precision {_pct(r['precision'])} "
+                    f"recall {_pct(r['recall'])}"
+                    for r in last
+                ),
+                flush=True,
+            )
+    name, model_flags = agents_named("qos_impact" + quality_suffix(quality), models)
+    write(
+        name,
+        {
+            "command": "edgeroute bench qos-impact"
+            + (" --quick" if quick else "")
+            + quality_flag(quality)
+            + model_flags,
+            "models": {k: str(v[0]) for k, v in runs.items()},
+            "seeds": seeds,
+            "episode": episode,
+        },
+        rows,
+        [
+            "setting",
+            "trajectory",
+            "estimator",
+            "decisions",
+            "costly",
+            "fires",
+            "precision",
+            "recall",
+            "mean_true",
+            "mean_estimate",
+        ],
+        json_path,
+        notes=(
+            "Per routed decision along each policy's own trajectory (N=6, hardware seed 0, "
+            f"evaluation prompts, environment seeds {seeds[0]}-{seeds[-1]}, {episode} "
+            "decisions each). `costly`: share of decisions whose arrival truly costs the "
+            "chosen expert's other requests QoS (their future with and without it, nothing "
+            "more arriving; true lengths and scores). `fires`: share the estimator "
+            "penalises. `precision`: of those, the share that were costly; `recall`: of the "
+            "costly ones, the share it penalises. `mean_true`, `mean_estimate`: QoS per "
+            "decision. The agents are each world's run 0."
+        ),
+        quick=quick,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
