@@ -246,3 +246,35 @@ def test_a_runs_hardware_range_is_read_from_its_record(tmp_path: Path) -> None:
     assert trained_hardware(tmp_path) == "[20, 40]"
     (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
     assert trained_hardware(tmp_path) == "[10, 22]"  # a record from before the setting
+
+
+@needs_data("the quality data")
+def test_training_with_the_counterfactual_impact_credits_the_true_cost() -> None:
+    """`--impact counterfactual`: a routed decision's transition carries its request's
+    QoS less what it truly cost the expert's other requests (rarely anything: only a
+    request near L can be tipped over it; two experts kept loaded find some)."""
+    from edgeroute.qos.sac import Replay
+    from edgeroute.qos.train import Pending, make_env, new_episode
+
+    cfg = tiny(impact="counterfactual", latencies_ms=(30.0, 40.0))
+    env = make_env(cfg, DATA_DIR)
+    assert env.impact == "counterfactual"
+    new_episode(env, cfg, np.random.default_rng(0))
+    obs = env.observe()
+    pending = Pending(Replay(4096, obs))
+    costs = {}
+    for i in range(400):
+        action = 1 + i % 2
+        cost = env.counterfactual_impact(action - 1, env.request_for(action - 1))
+        env.step(action)
+        if env.last_request is not None:
+            assert env.last_penalty == pytest.approx(cost)
+            costs[id(env.last_request)] = (env.last_request, cost)
+        pending.add(env, obs, action, obs, False)
+    env.drain()
+    pending.settle(env)
+    assert any(c > 0 for _, c in costs.values()) and all(c >= 0 for _, c in costs.values())
+    assert pending.replay.size == 400 and not pending.waiting
+    rewards = sorted(pending.replay.reward[: pending.replay.size].tolist())
+    want = sorted([0.0] * (400 - len(costs)) + [env.qos(r) - c for r, c in costs.values()])
+    assert rewards == pytest.approx(want, abs=1e-6)
