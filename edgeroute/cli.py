@@ -244,6 +244,8 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         hardware_ms=args.hardware_ms,
         scrape_ms=args.scrape_ms,
         waiting_cap=args.waiting_cap,
+        running_cap=args.running_cap,
+        memory_tokens=args.memory_tokens,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -500,6 +502,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="requests an expert holds waiting before it refuses more (the paper's 5; a "
         "large N: engines that never refuse, as live ones)",
+    )
+    q.add_argument(
+        "--running-cap",
+        type=int,
+        default=t.running_cap,
+        metavar="N",
+        help="requests an expert runs at once (the paper's 5; live engines: 256)",
+    )
+    q.add_argument(
+        "--memory-tokens",
+        type=int,
+        default=t.memory_tokens,
+        metavar="N",
+        help="every training expert's KV memory in tokens; default: each hardware seed's "
+        "own (2-6K)",
     )
     q.add_argument(
         "--credit",

@@ -127,6 +127,11 @@ class TrainConfig:
     # Requests an expert holds waiting before it refuses more (the paper's 5); a large
     # value is an engine that never refuses, as vLLM's (the queue then only grows).
     waiting_cap: int = 5
+    # Requests an expert runs at once (the paper's 5; vLLM's default is 256), and its KV
+    # memory in tokens (None: each hardware seed's own, 2-6K). Large values make the
+    # live engines' regime, where every added request slows a large batch.
+    running_cap: int = 5
+    memory_tokens: int | None = None
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

@@ -71,7 +71,15 @@ def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
         models=QUALITY_MODELS[cfg.quality],
         base_ms=cfg.hardware_ms or BASE_MS,
     )
-    return [replace(e, waiting_cap=cfg.waiting_cap) for e in experts]
+    return [
+        replace(
+            e,
+            waiting_cap=cfg.waiting_cap,
+            running_cap=cfg.running_cap,
+            memory_tokens=cfg.memory_tokens or e.memory_tokens,
+        )
+        for e in experts
+    ]
 
 
 def make_env(

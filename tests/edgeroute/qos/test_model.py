@@ -229,6 +229,25 @@ def test_training_experts_take_the_configured_waiting_cap() -> None:
     assert {spec.waiting_cap for spec in env.specs} == {5}  # the paper's by default
 
 
+@needs_data("the quality data")
+def test_training_experts_take_the_configured_batch_and_memory() -> None:
+    """`--running-cap`, `--memory-tokens`: the live engines' regime, where a batch holds
+    many requests and each one added slows all of them."""
+    from edgeroute.qos.train import make_env, new_episode
+
+    big = tiny(running_cap=64, memory_tokens=40_000, waiting_cap=1000)
+    env = make_env(big, DATA_DIR)
+    new_episode(env, big, np.random.default_rng(0))
+    assert {(s.running_cap, s.memory_tokens) for s in env.specs} == {(64, 40_000)}
+    for _ in range(30):  # arrivals faster than one expert finishes them
+        env.step(1)
+    e = env.experts[0]
+    assert len(e.running) + len(e.fresh) > 5 and env.dropped == 0
+    new_episode(env, tiny(), np.random.default_rng(0))
+    assert {s.running_cap for s in env.specs} == {5}  # the paper's by default
+    assert len({s.memory_tokens for s in env.specs}) > 1  # each hardware seed's own
+
+
 def test_a_hardware_seed_keeps_its_other_constants_whatever_the_base_range() -> None:
     from edgeroute.sim.edge import default_experts
 
