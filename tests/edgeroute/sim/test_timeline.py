@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from edgeroute.sim.edge import Arrival, EdgeEnv, EdgeExpert, NoisyOracle, Req, Task
+from edgeroute.sim.edge import EdgeEnv, EdgeExpert, Req, Task
 from edgeroute.sim.timeline import Engine, Job, finish_times
+from tests.edgeroute.sim.test_edge import MODEL, env_with
 
-MODEL = "m"
 FAR = 1e6  # an arrival this late lets every request finish first
 
 
@@ -19,16 +19,6 @@ def tasks(rng: random.Random, k: int) -> list[Task]:
         Task(f"p{i}", rng.randint(5, 400), {MODEL: rng.random()}, {MODEL: rng.randint(1, 120)})
         for i in range(k)
     ]
-
-
-def env_with(expert: EdgeExpert, pool: list[Task], times: list[float], **kw: object) -> EdgeEnv:
-    return EdgeEnv(
-        [expert],
-        pool,
-        arrivals=iter(Arrival(t) for t in times),
-        predictor=NoisyOracle(1.0, 1.0),
-        **kw,
-    )  # type: ignore[arg-type]
 
 
 def jobs_of(env: EdgeEnv) -> tuple[list[Req], list[Job], list[Job], list[Job]]:
