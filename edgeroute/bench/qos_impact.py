@@ -42,19 +42,22 @@ ESTIMATORS: tuple[Impact, ...] = ("reached", "pushed")
 
 
 def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]]:
-    """Each routed decision's estimates and true impact along one episode."""
+    """Each routed decision's estimates and true impact along one episode (`env`'s
+    own reward is not read)."""
     out = []
     env.reset(seed)
     done, i = False, 0
     while not done:
         action = policy(env, i)
         n = action - 1
-        if action and len(env.experts[n].waiting) < env.experts[n].spec.waiting_cap:
-            row = {"true": env.counterfactual_impact(n, env.request_for(n))}
-            for kind in ESTIMATORS:
-                env.impact = kind
-                row[kind] = env.estimated_impact(n)
-            out.append(row)
+        if action and not env.experts[n].refuses():
+            out.append(
+                {
+                    "true": env.counterfactual_impact(n, env.request_for(n)),
+                    "reached": env.estimated_impact(n),
+                    "pushed": env.estimated_impact(n, pushed=True),
+                }
+            )
         _, done = env.step(action)
         i += 1
     return out
@@ -105,6 +108,7 @@ def main(
                 latency_req=latency_ms / 1000,
                 episode_len=episode,
                 predictor=predictor,
+                reward="completion",  # the penalties are taken above, not in `step`
             )
             decisions = [d for s in seeds for d in trajectory(env, policy, s)]
             harm = [d["true"] for d in decisions]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from edgeroute.sim.timeline import Engine, Job, finish_times
+from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
@@ -342,6 +342,10 @@ class ExpertState:
     def memory(self) -> float:
         return self.used_tokens / self.spec.memory_tokens
 
+    def refuses(self) -> bool:
+        """Its waiting queue is full: an arrival routed here is refused."""
+        return len(self.waiting) >= self.spec.waiting_cap
+
     def figures(self, now: float) -> Scraped:
         """Its metrics as a scrape at `now` reads them."""
         return Scraped(
@@ -487,19 +491,18 @@ class EdgeEnv:
     def _admit(self, e: ExpertState, start: float) -> None:
         """At an iteration boundary: admit waiting requests whose KV fits, then start the
         next iteration."""
-        spec = e.spec
-        while (
-            e.waiting
-            and len(e.running) + len(e.fresh) < spec.running_cap
-            and e.used_tokens + sum(r.tokens for r in e.fresh) + e.waiting[0].tokens + 1
-            <= spec.memory_tokens
+        while e.waiting and fits(
+            e.spec,
+            len(e.running) + len(e.fresh),
+            e.used_tokens + sum(r.tokens for r in e.fresh),
+            e.waiting[0].tokens,
         ):
             e.fresh.append(e.waiting.popleft())
         if not e.running and not e.fresh:
             return
         prefill = sum(r.prompt_tokens for r in e.fresh)
         decode = sum(r.tokens for r in e.running)
-        e.clock = start + spec.base + spec.k1 * prefill + spec.k2 * decode
+        e.clock = iteration_end(e.spec, start, prefill, decode)
 
     def _finish_iteration(self, e: ExpertState) -> None:
         end = e.clock
@@ -543,7 +546,7 @@ class EdgeEnv:
         eq. 15's estimate, or with impact "counterfactual" the true cost."""
         if self.impact == "counterfactual":
             return self.counterfactual_impact(n, req)
-        return self.estimated_impact(n)
+        return self.estimated_impact(n, pushed=self.impact == "pushed")
 
     def counterfactual_impact(self, n: int, req: Req) -> float:
         """The QoS (eq. 1, true scores and lengths) that expert n's other requests lose
@@ -551,8 +554,6 @@ class EdgeEnv:
         more arrives (`timeline.finish_times`): what eq. 15 estimates, known exactly
         here because the simulator knows every request's length. Training only."""
         e = self.experts[n]
-        s = e.spec
-        engine = Engine(s.base, s.k1, s.k2, s.memory_tokens, s.running_cap)
         others = [*e.running, *e.fresh, *e.waiting]
         jobs = [Job(i, r.prompt_tokens, r.generated, r.length) for i, r in enumerate(others)]
         running, fresh = (
@@ -561,17 +562,18 @@ class EdgeEnv:
         )
         waiting = jobs[len(e.running) + len(e.fresh) :]
         new = Job(len(jobs), req.prompt_tokens, req.generated, req.length)
-        without = finish_times(engine, running, fresh, waiting, e.clock, self.now)
-        with_new = finish_times(engine, running, fresh, [*waiting, new], e.clock, self.now)
+        without = finish_times(e.spec, running, fresh, waiting, e.clock, self.now)
+        with_new = finish_times(e.spec, running, fresh, [*waiting, new], e.clock, self.now)
 
         def met(done: dict[int, float], i: int) -> bool:
             return (done[i] - others[i].arrival) / others[i].length <= self.L
 
         return sum(r.score * (met(without, i) - met(with_new, i)) for i, r in enumerate(others))
 
-    def estimated_impact(self, n: int) -> float:
-        """Eq. 13-15: predicted QoS of running requests on expert n that routing the
-        current request there would push over L."""
+    def estimated_impact(self, n: int, pushed: bool = False) -> float:
+        """Eq. 13-15: predicted QoS of running requests on expert n whose estimated
+        latency with the current request reaches L (as written); `pushed`: only those
+        below L without it."""
         e = self.experts[n]
         pred_len = max(1.0, self.preds[n][1])
         p_j = self.task.prompt_tokens
@@ -586,7 +588,7 @@ class EdgeEnv:
             # quantity eq. 15's increase is measured against), not the current average,
             # which early in decode is dominated by the time to the first token.
             projected = ((self.now - r.arrival) + (d_i - r.generated) * step) / d_i
-            if projected + extra >= self.L and (self.impact == "reached" or projected < self.L):
+            if projected + extra >= self.L and (not pushed or projected < self.L):
                 penalty += r.pred_score
         return penalty
 
@@ -606,7 +608,7 @@ class EdgeEnv:
         else:
             n = action - 1
             e = self.experts[n]
-            if len(e.waiting) >= e.spec.waiting_cap:
+            if e.refuses():
                 self.dropped += 1  # the expert refuses: as good as dropped
                 self.finished.append(
                     Req(

@@ -14,19 +14,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["Engine", "Job", "finish_times"]
+__all__ = ["Engine", "Job", "finish_times", "fits", "iteration_end"]
 
 
-@dataclass(frozen=True)
-class Engine:
-    """The constants of an expert's iterations, as `edgeroute.sim.edge.EdgeExpert`."""
+class Engine(Protocol):
+    """The constants of an expert's iterations (`edgeroute.sim.edge.EdgeExpert` is one)."""
 
-    base: float  # s per iteration
-    k1: float  # s per prefill token
-    k2: float  # s per context token in the decode batch
-    memory_tokens: int
-    running_cap: int
+    @property
+    def base(self) -> float: ...  # s per iteration
+    @property
+    def k1(self) -> float: ...  # s per prefill token
+    @property
+    def k2(self) -> float: ...  # s per context token in the decode batch
+    @property
+    def memory_tokens(self) -> int: ...
+    @property
+    def running_cap(self) -> int: ...
+
+
+def iteration_end(engine: Engine, start: float, prefill_tokens: int, context_tokens: int) -> float:
+    """When an iteration begun at `start` ends: the prefill of the admitted requests and a
+    decode step of the batch."""
+    return start + engine.base + engine.k1 * prefill_tokens + engine.k2 * context_tokens
+
+
+def fits(engine: Engine, batch: int, used_tokens: int, tokens: int) -> bool:
+    """Whether a waiting request of `tokens` is admitted beside a batch of `batch`
+    requests holding `used_tokens` of KV: a free slot, and its tokens and one more fit."""
+    return batch < engine.running_cap and used_tokens + tokens + 1 <= engine.memory_tokens
 
 
 @dataclass
@@ -65,7 +82,7 @@ def finish_times(
         new = _admit(engine, run, queue)
         if not new:
             return done
-        t += engine.base + engine.k1 * sum(j.prompt for j in new)
+        t = iteration_end(engine, t, sum(j.prompt for j in new), 0)
     while True:
         # The iteration ending at t had run + new in its batch: each gets a token.
         run.extend(new)
@@ -79,7 +96,7 @@ def finish_times(
             return done
         context = sum(j.tokens for j in run)
         if new:
-            t += engine.base + engine.k1 * sum(j.prompt for j in new) + engine.k2 * context
+            t = iteration_end(engine, t, sum(j.prompt for j in new), context)
             continue
         # Decode only until the next finish: m iterations whose context grows by one
         # token per running job each; the last one ends at the loop's next boundary.
@@ -90,16 +107,10 @@ def finish_times(
 
 
 def _admit(engine: Engine, run: list[Job], queue: list[Job]) -> list[Job]:
-    """Waiting jobs admitted at a boundary, in order, while a slot and KV memory last
-    (the simulator's rule: the running jobs' tokens, the admitted ones', the next
-    one's and one more must fit)."""
+    """Waiting jobs admitted at a boundary, in order, while they `fit`."""
     new: list[Job] = []
     used = sum(j.tokens for j in run)
-    while (
-        queue
-        and len(run) + len(new) < engine.running_cap
-        and used + queue[0].tokens + 1 <= engine.memory_tokens
-    ):
+    while queue and fits(engine, len(run) + len(new), used, queue[0].tokens):
         job = queue.pop(0)
         used += job.tokens
         new.append(job)

@@ -109,10 +109,9 @@ def test_impact_penalty_is_eq_15() -> None:
     assert env.estimated_impact(0) == pytest.approx(r.pred_score)
     # Read as "pushed over": a request already past L without the new one is not
     # counted; one the new request tips over still is.
-    env.impact = "pushed"
-    assert env.estimated_impact(0) == 0.0  # projected alone is far above 1e-4
+    assert env.estimated_impact(0, pushed=True) == 0.0  # projected alone is far above 1e-4
     env.L = projected + extra / 2
-    assert env.estimated_impact(0) == pytest.approx(r.pred_score)
+    assert env.estimated_impact(0, pushed=True) == pytest.approx(r.pred_score)
 
 
 def test_completion_reward_counts_only_completions() -> None:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from edgeroute.sim.edge import EdgeEnv, EdgeExpert, Req, Task
-from edgeroute.sim.timeline import Engine, Job, finish_times
+from edgeroute.sim.timeline import Job, finish_times
 from tests.edgeroute.sim.test_edge import MODEL, env_with
 
 FAR = 1e6  # an arrival this late lets every request finish first
@@ -51,8 +51,7 @@ def test_finish_times_are_the_simulators_own(seed: int) -> None:
     reqs, running, fresh, waiting = jobs_of(env)
     e = env.experts[0]
     new = Job(len(reqs), env.task.prompt_tokens, 0, env.task.lengths[MODEL])
-    spec = Engine(expert.base, expert.k1, expert.k2, expert.memory_tokens, expert.running_cap)
-    want = finish_times(spec, running, fresh, [*waiting, new], e.clock, env.now)
+    want = finish_times(expert, running, fresh, [*waiting, new], e.clock, env.now)
     env.step(1)
     (last,) = [r for r in env.finished if r not in reqs and r.arrival == times[-1]]
     for i, r in enumerate([*reqs, last]):
@@ -61,7 +60,7 @@ def test_finish_times_are_the_simulators_own(seed: int) -> None:
 
 
 def test_an_idle_expert_starts_at_once() -> None:
-    spec = Engine(base=0.01, k1=0.001, k2=0.0, memory_tokens=1000, running_cap=5)
+    spec = EdgeExpert(MODEL, base=0.01, k1=0.001, k2=0.0, memory_tokens=1000)
     done = finish_times(spec, [], [], [Job(0, 10, 0, 3)], clock=0.0, now=2.0)
     # prefill 0.01 + 0.01 (1st token), then two decode iterations of 0.01
     assert done == {0: pytest.approx(2.0 + 0.02 + 0.02)}
