@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from edgeroute.bench.cli import DefaultsHelp, positive_ms
+from edgeroute.bench.cli import DefaultsHelp, add_fleet_options, fleet_from, ms_range, positive_ms
 from edgeroute.bench.cli import add_parser as add_bench
 from gateway.logs import configure
 from gateway.serving import (
@@ -42,17 +42,6 @@ def _overrides(pairs: list[str], flag: str = "--set") -> dict[str, float | int]:
             raise SystemExit(f"{flag} takes key=value, not {pair!r}")
         out[key] = int(value) if value.isdigit() else float(value)
     return out
-
-
-def _ms_range(text: str) -> tuple[float, float]:
-    """`--latencies LO,HI`, `--hardware-ms LO,HI`: a range in ms, 0 < LO <= HI."""
-    try:
-        low, high = (float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO,HI in ms, not {text!r}") from None
-    if not 0 < low <= high:
-        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
-    return low, high
 
 
 def _worker_configs(args: argparse.Namespace) -> list[WorkerConfig]:
@@ -241,11 +230,8 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         latency_ms=args.latency_ms,
         randomise=args.randomise,
         latencies_ms=args.latencies,
-        hardware_ms=args.hardware_ms,
+        fleet=fleet_from(args),
         scrape_ms=args.scrape_ms,
-        waiting_cap=args.waiting_cap,
-        running_cap=args.running_cap,
-        memory_tokens=args.memory_tokens,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -474,19 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--latencies",
-        type=_ms_range,
+        type=ms_range,
         default=t.latencies_ms,
         metavar="LO,HI",
         help="with --randomise: the range each episode's L (ms) is drawn from",
     )
-    q.add_argument(
-        "--hardware-ms",
-        type=_ms_range,
-        default=t.hardware_ms,
-        metavar="LO,HI",
-        help="the range training experts' base ms per iteration is drawn from "
-        "(default: the benchmark's experts', 10-22)",
-    )
+    add_fleet_options(q)
     q.add_argument(
         "--scrape-ms",
         type=positive_ms,
@@ -494,29 +473,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the agent sees the experts as the gateway does, from scrapes of the engines' "
         "metrics every MS ms (counts, memory, estimated progress); default: their exact state",
-    )
-    q.add_argument(
-        "--waiting-cap",
-        type=int,
-        default=t.waiting_cap,
-        metavar="N",
-        help="requests an expert holds waiting before it refuses more (the paper's 5; a "
-        "large N: engines that never refuse, as live ones)",
-    )
-    q.add_argument(
-        "--running-cap",
-        type=int,
-        default=t.running_cap,
-        metavar="N",
-        help="requests an expert runs at once (the paper's 5; live engines: 256)",
-    )
-    q.add_argument(
-        "--memory-tokens",
-        type=int,
-        default=t.memory_tokens,
-        metavar="N",
-        help="every training expert's KV memory in tokens; default: each hardware seed's "
-        "own (2-6K)",
     )
     q.add_argument(
         "--credit",

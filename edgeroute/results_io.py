@@ -52,6 +52,8 @@ def machine() -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     def fmt(v: Any) -> str:
+        if v is None:  # no value: a rate with nothing to divide by
+            return "-"
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
         return str(v)

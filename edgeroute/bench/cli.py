@@ -6,6 +6,63 @@ import argparse
 from pathlib import Path
 
 from edgeroute.qos.config import QUALITIES
+from edgeroute.sim.edge import Fleet
+
+
+def ms_range(text: str) -> tuple[float, float]:
+    """`--latencies LO,HI`, `--hardware-ms LO,HI`: a range in ms, 0 < LO <= HI."""
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI in ms, not {text!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
+    return low, high
+
+
+def add_fleet_options(p: argparse.ArgumentParser) -> None:
+    """How the simulated experts are drawn (`edgeroute.sim.edge.Fleet`): the same options
+    for `train qos`, `bench qos` and `bench qos-impact`, so an agent is measured in the
+    world it trained in."""
+    f = Fleet()
+    p.add_argument(
+        "--hardware-ms",
+        type=ms_range,
+        default=f.hardware_ms,
+        metavar="LO,HI",
+        help="the range the experts' base ms per iteration is drawn from",
+    )
+    p.add_argument(
+        "--running-cap",
+        type=int,
+        default=f.running_cap,
+        metavar="N",
+        help="requests an expert runs at once (the paper's 5; live engines: 256)",
+    )
+    p.add_argument(
+        "--memory-tokens",
+        type=int,
+        default=f.memory_tokens,
+        metavar="N",
+        help="every expert's KV memory in tokens; default: each hardware seed's own (2-6K)",
+    )
+    p.add_argument(
+        "--waiting-cap",
+        type=int,
+        default=f.waiting_cap,
+        metavar="N",
+        help="requests an expert holds waiting before it refuses more (the paper's 5; a "
+        "large N: engines that never refuse, as live ones)",
+    )
+
+
+def fleet_from(args: argparse.Namespace) -> Fleet:
+    return Fleet(
+        hardware_ms=args.hardware_ms,
+        running_cap=args.running_cap,
+        waiting_cap=args.waiting_cap,
+        memory_tokens=args.memory_tokens,
+    )
 
 
 def positive_ms(text: str) -> float:
@@ -153,6 +210,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="with --live: each emulated engine runs at most this many requests at once "
         "(the paper's edge experts: 5; default: the profiles' own, 256); results of their own",
     )
+    add_fleet_options(q)
     q.set_defaults(func=lambda a: _qos(a))
     qi = command("qos-impact", help="eq. 15's impact estimate against the true impact")
     common(qi)
@@ -165,6 +223,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "full and dsa run 0",
     )
     qi.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
+    add_fleet_options(qi)
     qi.set_defaults(func=lambda a: _qos_impact(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -348,14 +407,15 @@ def _qos(a: argparse.Namespace) -> None:
             max_batch=a.max_batch,
         )
         return
-    main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms)
+    main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms, fleet_from(a))
 
 
 def _qos_impact(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_impact import main
 
     models = dict(m.split("=", 1) for m in a.model)
-    main(a.quick, a.seed, a.json, {k: [Path(v)] for k, v in models.items()}, a.quality)
+    agents = {k: [Path(v)] for k, v in models.items()}
+    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a))
 
 
 def _growth(a: argparse.Namespace) -> None:

@@ -30,11 +30,10 @@ from edgeroute.qos.config import (
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
-    hardware_range,
     quality_dir,
     quality_flag,
     quality_suffix,
-    trained_hardware,
+    trained_fleet,
     trained_latencies,
 )
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
@@ -43,6 +42,7 @@ from edgeroute.sim.edge import (
     HELD_OUT_HARDWARE,
     QUALITY_MODELS,
     EdgeEnv,
+    Fleet,
     Quality,
     ServedPredictor,
     azure_arrivals,
@@ -92,12 +92,15 @@ def main(
     trace: str | None,
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
+    fleet: Fleet = Fleet(),
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure pools its training seeds and the environment
-    seeds. `scrape_ms`: the policies see the experts as the gateway does, from scrapes
-    of the engines' metrics that far apart (`edgeroute.sim.edge.cluster_view`); by
-    default, their exact state."""
+    seeds; the first agent is also judged against the best of the others. `scrape_ms`:
+    the policies see the experts as the gateway does, from scrapes of the engines'
+    metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
+    state. `fleet`: how the experts are drawn (the paper's by default; give the one the
+    agents trained on, `edgeroute train qos`'s same options)."""
     from workers.quality import default_data_dir
 
     data = default_data_dir()
@@ -106,7 +109,7 @@ def main(
     episode = 256 if quick else 512
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
-    base, scrape_flag = scrape_named("qos" + quality_suffix(quality), scrape_ms)
+    base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     result_name, model_flags = agents_named(base, models)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = dict(BASELINES)
@@ -141,7 +144,7 @@ def main(
         it) or the k-th held-out hardware; a trace is read from its k-th window."""
         hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out else 0
         return EdgeEnv(
-            default_experts(n, seed=hardware, models=QUALITY_MODELS[quality]),
+            default_experts(n, seed=hardware, models=QUALITY_MODELS[quality], fleet=fleet),
             tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
@@ -185,13 +188,21 @@ def main(
         best = max(
             (r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"]
         )
-        for r in here:
-            if r["agent"]:
-                r["against_best"] = verdict(r["per_seed_qos"], best["per_seed_qos"])
+        agents = [r for r in here if r["agent"]]
+        for r in agents:
+            r["against_best"] = verdict(r["per_seed_qos"], best["per_seed_qos"])
+        if len(agents) > 1:  # the first agent against the best of the other agents
+            rival = max(agents[1:], key=lambda r: r["qos"])
+            agents[0]["against_agents"] = (
+                f"{verdict(agents[0]['per_seed_qos'], rival['per_seed_qos'])} ({rival['policy']})"
+            )
         print(
             f"  {label:<18} best baseline: {best['policy']} ({best['qos_ci']}); "
-            + ", ".join(
-                f"{r['policy']}: {r['qos_ci']} {r['against_best']}" for r in here if r["agent"]
+            + ", ".join(f"{r['policy']}: {r['qos_ci']} {r['against_best']}" for r in agents)
+            + (
+                f"; first agent against the others: {agents[0]['against_agents']}"
+                if len(agents) > 1
+                else ""
             ),
             flush=True,
         )
@@ -206,11 +217,11 @@ def main(
         for n in (6, 12)
     ]
     latencies = sorted({trained_latencies(d) for dirs in models.values() for d in dirs})
-    hardware = sorted({trained_hardware(d) for dirs in models.values() for d in dirs})
+    fleets = sorted({trained_fleet(d).describe() for dirs in models.values() for d in dirs})
     notes = [
         f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
-        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 (base {' or '.join(hardware)} ms per "
-        f"iteration; evaluated on {hardware_range({})}) and the agent split "
+        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 "
+        f"({'; or '.join(fleets)}; evaluated on {fleet.describe()}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
         "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "
@@ -222,7 +233,7 @@ def main(
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "
-        "heuristic's. `SQF+truth` reads each model's real score on the request: it is "
+        "heuristic's; `against_agents`: the first agent's against the best other agent's. `SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
         "perfect predictions, against `SQF+predicted` with the served ones."
         + (
@@ -244,13 +255,22 @@ def main(
             "command": "edgeroute bench qos"
             + (" --quick" if quick else "")
             + quality_flag(quality)
+            + fleet.flags()
             + scrape_flag
             + model_flags,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,
         },
         rows,
-        ["setting", "policy", "qos_ci", "latency_ms", "drop_rate", "against_best"],
+        [
+            "setting",
+            "policy",
+            "qos_ci",
+            "latency_ms",
+            "drop_rate",
+            "against_best",
+            "against_agents",
+        ],
         json_path,
         notes="\n\n".join(notes),
         quick=quick,

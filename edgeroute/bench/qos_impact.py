@@ -30,6 +30,7 @@ from edgeroute.results_io import write
 from edgeroute.sim.edge import (
     QUALITY_MODELS,
     EdgeEnv,
+    Fleet,
     Impact,
     Quality,
     ServedPredictor,
@@ -82,9 +83,11 @@ def main(
     json_path: str | None,
     models: dict[str, list[Path]],
     quality: Quality = "routerbench",
+    fleet: Fleet = Fleet(),
 ) -> None:
     """`models`: agents whose trajectories are measured, first run of each; by default
-    the quality world's full and dsa runs. SQF's trajectory is measured too."""
+    the quality world's full and dsa runs. SQF's trajectory is measured too. `fleet`:
+    how the experts are drawn (the paper's by default)."""
     from workers.quality import default_data_dir
 
     tasks = load_tasks(default_data_dir(), split="eval", quality=quality)
@@ -102,7 +105,7 @@ def main(
         policies.update({k: served(load(v[0], latency_ms)) for k, v in runs.items()})
         for name, policy in policies.items():
             env = EdgeEnv(
-                default_experts(6, seed=0, models=QUALITY_MODELS[quality]),
+                default_experts(6, seed=0, models=QUALITY_MODELS[quality], fleet=fleet),
                 tasks,
                 rate=rate,
                 latency_req=latency_ms / 1000,
@@ -134,13 +137,15 @@ def main(
                 ),
                 flush=True,
             )
-    name, model_flags = agents_named("qos_impact" + quality_suffix(quality), models)
+    base = "qos_impact" + quality_suffix(quality) + fleet.suffix()
+    name, model_flags = agents_named(base, models)
     write(
         name,
         {
             "command": "edgeroute bench qos-impact"
             + (" --quick" if quick else "")
             + quality_flag(quality)
+            + fleet.flags()
             + model_flags,
             "models": {k: str(v[0]) for k, v in runs.items()},
             "seeds": seeds,
@@ -161,7 +166,8 @@ def main(
         ],
         json_path,
         notes=(
-            "Per routed decision along each policy's own trajectory (N=6, hardware seed 0, "
+            "Per routed decision along each policy's own trajectory (N=6, hardware seed 0; "
+            f"{fleet.describe()}; "
             f"evaluation prompts, environment seeds {seeds[0]}-{seeds[-1]}, {episode} "
             "decisions each). `costly`: share of decisions whose arrival truly costs the "
             "chosen expert's other requests QoS (their future with and without it, nothing "

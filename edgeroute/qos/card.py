@@ -14,14 +14,13 @@ from edgeroute.qos.config import (
     MODEL_ROOT,
     QUALITIES,
     QUALITY_PROMPTS,
-    hardware_range,
     latency_range,
     quality_dir,
     quality_flag,
     quality_suffix,
 )
 from edgeroute.results_io import RESULTS, git, save_figure
-from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, load_tasks
+from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
 
 # The card's own code is not training code.
 TRAINING_CODE = (
@@ -99,6 +98,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     quality = cfg.get("quality", QUALITIES[0])
     suffix, flag = quality_suffix(quality), quality_flag(quality)
     selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
+    selection += Fleet.from_record(cfg).flags()
     plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
     splits = {
         s: len(load_tasks(data_dir, split=s, quality=quality))
@@ -139,8 +139,8 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}`.",
         f"- Config: {', '.join(f'{k}={v}' for k, v in cfg.items() if k not in ('variant', 'seed'))}.",
         f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
-        f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} (base "
-        f"{hardware_range(cfg)} ms per iteration)"
+        f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} "
+        f"({Fleet.from_record(cfg).describe()})"
         + (
             f", lambda in [3, 8]/s and L in {latencies} ms."
             if cfg.get("randomise")

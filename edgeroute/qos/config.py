@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from edgeroute.sim.edge import Quality
+from edgeroute.sim.edge import Fleet, Quality
 
 MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
 
@@ -72,14 +71,6 @@ def latency_range(config: dict[str, Any]) -> str:
     return f"[{low:g}, {high:g}]"
 
 
-def hardware_range(config: dict[str, Any]) -> str:
-    """The range a training config drew its experts' base ms per iteration from."""
-    from edgeroute.sim.edge import BASE_MS
-
-    low, high = config.get("hardware_ms") or BASE_MS
-    return f"[{low:g}, {high:g}]"
-
-
 def _record_config(run: Path) -> dict[str, Any]:
     record = run / "training.json"
     config: dict[str, Any] = (
@@ -93,9 +84,9 @@ def trained_latencies(run: Path) -> str:
     return latency_range(_record_config(run))
 
 
-def trained_hardware(run: Path) -> str:
-    """`hardware_range` of a training run, as its record says."""
-    return hardware_range(_record_config(run))
+def trained_fleet(run: Path) -> Fleet:
+    """The fleet a training run's experts were drawn from, as its record says."""
+    return Fleet.from_record(_record_config(run))
 
 
 @dataclass(frozen=True)
@@ -116,22 +107,16 @@ class TrainConfig:
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
     # it, where some experts' hardware cannot meet L at all (see docs/research.md).
     latencies_ms: tuple[float, float] = LATENCIES_MS
-    # The range training experts' base ms per iteration is drawn from; None: the
-    # benchmark's experts' (`edgeroute.sim.edge.BASE_MS`). A wider one reaches the
-    # slower engines of the live run (`workers/profiles.py`: 20-40 ms).
-    hardware_ms: tuple[float, float] | None = None
+    # How training experts are drawn: base ms per iteration (a wider range than the
+    # benchmark's 10-22 ms reaches the live engines', `workers/profiles.py`: 20-40 ms),
+    # batch cap, KV memory and waiting room (the paper's 5, 2-6K tokens and 5; large
+    # ones make the live engines' regime, where every added request slows a big batch).
+    # `edgeroute bench qos` takes the same fleet to measure agents in their world.
+    fleet: Fleet = Fleet()
     # The agent sees the experts as the gateway does, from scrapes of the engines'
     # metrics this many ms apart (counts, memory, estimated progress; see
     # `edgeroute.sim.edge.cluster_view`); None: their exact state at every decision.
     scrape_ms: float | None = None
-    # Requests an expert holds waiting before it refuses more (the paper's 5); a large
-    # value is an engine that never refuses, as vLLM's (the queue then only grows).
-    waiting_cap: int = 5
-    # Requests an expert runs at once (the paper's 5; vLLM's default is 256), and its KV
-    # memory in tokens (None: each hardware seed's own, 2-6K). Large values make the
-    # live engines' regime, where every added request slows a large batch.
-    running_cap: int = 5
-    memory_tokens: int | None = None
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.results_io import git
 from edgeroute.sim.edge import (
-    BASE_MS,
     QUALITY_MODELS,
     TRAIN_HARDWARE,
     EdgeEnv,
@@ -65,21 +64,9 @@ def training_predictor(cfg: TrainConfig) -> Predictor:
 
 
 def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
-    experts = default_experts(
-        cfg.experts,
-        seed=hardware,
-        models=QUALITY_MODELS[cfg.quality],
-        base_ms=cfg.hardware_ms or BASE_MS,
+    return default_experts(
+        cfg.experts, seed=hardware, models=QUALITY_MODELS[cfg.quality], fleet=cfg.fleet
     )
-    return [
-        replace(
-            e,
-            waiting_cap=cfg.waiting_cap,
-            running_cap=cfg.running_cap,
-            memory_tokens=cfg.memory_tokens or e.memory_tokens,
-        )
-        for e in experts
-    ]
 
 
 def make_env(

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -82,27 +82,92 @@ HELD_OUT_HARDWARE = tuple(range(20_001, 20_011))
 BASE_MS = (10.0, 22.0)
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """How a world's experts are drawn, one definition for training and benchmarks: the
+    range of base ms per iteration, and each engine's batch cap, KV memory and waiting
+    room. The defaults are the paper's (5 running, 5 waiting, 2-6K tokens); large caps
+    and memory make the live engines' regime, where an added request slows a big batch."""
+
+    hardware_ms: tuple[float, float] = BASE_MS
+    running_cap: int = 5
+    waiting_cap: int = 5
+    memory_tokens: int | None = None  # None: each hardware seed's own, 2-6K
+
+    @classmethod
+    def from_record(cls, config: dict[str, Any]) -> Fleet:
+        """The fleet a training record's config names (records from before the fleet
+        was one setting hold its fields flat, with None for the default hardware)."""
+        fields = config.get("fleet", config)
+        default = cls()
+        return cls(
+            hardware_ms=tuple(fields.get("hardware_ms") or default.hardware_ms),
+            running_cap=int(fields.get("running_cap", default.running_cap)),
+            waiting_cap=int(fields.get("waiting_cap", default.waiting_cap)),
+            memory_tokens=fields.get("memory_tokens", default.memory_tokens),
+        )
+
+    def flags(self) -> str:
+        """The command-line options that select this fleet ("" for the paper's)."""
+        default, out = Fleet(), []
+        if self.hardware_ms != default.hardware_ms:
+            out.append(f" --hardware-ms {self.hardware_ms[0]:g},{self.hardware_ms[1]:g}")
+        if self.running_cap != default.running_cap:
+            out.append(f" --running-cap {self.running_cap}")
+        if self.memory_tokens != default.memory_tokens:
+            out.append(f" --memory-tokens {self.memory_tokens}")
+        if self.waiting_cap != default.waiting_cap:
+            out.append(f" --waiting-cap {self.waiting_cap}")
+        return "".join(out)
+
+    def suffix(self) -> str:
+        """What a results file's name takes for this fleet: nothing for the paper's."""
+        if self == Fleet():
+            return ""
+        low, high = self.hardware_ms
+        memory = "seed" if self.memory_tokens is None else str(self.memory_tokens)
+        return f"_fleet-{low:g}-{high:g}ms-b{self.running_cap}-m{memory}-w{self.waiting_cap}"
+
+    def describe(self) -> str:
+        memory = (
+            "2-6K tokens of KV per hardware seed"
+            if self.memory_tokens is None
+            else f"{self.memory_tokens} tokens of KV"
+        )
+        low, high = self.hardware_ms
+        return (
+            f"base {low:g}-{high:g} ms per iteration, batches of up to {self.running_cap}, "
+            f"{memory}, up to {self.waiting_cap} waiting"
+        )
+
+
 def default_experts(
     n: int,
     seed: int = 0,
     models: tuple[str, ...] = MODELS,
-    base_ms: tuple[float, float] = BASE_MS,
+    fleet: Fleet = Fleet(),
 ) -> list[EdgeExpert]:
-    """N experts: `models` cycled, hardware drawn once per seed (`base_ms` per
-    iteration, 2-6K tokens of KV). Any `base_ms` draws the same random numbers, so a
-    seed's other constants do not depend on it."""
+    """N experts of `fleet`: `models` cycled, hardware drawn once per seed. Any fleet
+    draws the same random numbers, so a seed's other constants do not depend on it."""
     rng = random.Random(seed)
-    low, high = base_ms
-    return [
-        EdgeExpert(
-            models[i % len(models)],
-            base=rng.uniform(low / 1000, high / 1000),
-            k1=rng.uniform(0.00008, 0.0002),
-            k2=rng.uniform(1e-6, 4e-6),
-            memory_tokens=rng.choice((2048, 3072, 4096, 6144)),
+    low, high = fleet.hardware_ms
+    experts = []
+    for i in range(n):
+        base = rng.uniform(low / 1000, high / 1000)
+        k1, k2 = rng.uniform(0.00008, 0.0002), rng.uniform(1e-6, 4e-6)
+        memory = rng.choice((2048, 3072, 4096, 6144))
+        experts.append(
+            EdgeExpert(
+                models[i % len(models)],
+                base=base,
+                k1=k1,
+                k2=k2,
+                memory_tokens=fleet.memory_tokens or memory,
+                running_cap=fleet.running_cap,
+                waiting_cap=fleet.waiting_cap,
+            )
         )
-        for i in range(n)
-    ]
+    return experts
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from edgeroute.bench.cli import fleet_from
 from edgeroute.cli import build_parser
+from edgeroute.sim.edge import Fleet
 from tests.support import free_port
 
 
@@ -140,10 +142,28 @@ def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) ->
         assert "--latencies: expected" in capsys.readouterr().err
     args = parser.parse_args(["train", "qos", "--hardware-ms", "10,40"])
     assert args.hardware_ms == (10.0, 40.0)
-    assert parser.parse_args(["train", "qos"]).hardware_ms is None  # the benchmark's experts'
+    assert parser.parse_args(["train", "qos"]).hardware_ms == (10.0, 22.0)  # the paper's
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "qos", "--hardware-ms", "40,10"])
     assert "--hardware-ms: expected" in capsys.readouterr().err
+
+
+def test_training_and_the_benchmarks_draw_the_same_fleet_from_the_same_options() -> None:
+    """An agent is measured in the world it trained in: `train qos`, `bench qos` and
+    `bench qos-impact` read one set of fleet options, and a fleet's own flags (as a
+    results file's command shows them) select it again."""
+    parser = build_parser()
+    big = Fleet(hardware_ms=(20.0, 40.0), running_cap=256, waiting_cap=1000, memory_tokens=40_000)
+    flags = big.flags().split()
+    assert flags == [
+        "--hardware-ms", "20,40", "--running-cap", "256",
+        "--memory-tokens", "40000", "--waiting-cap", "1000",
+    ]  # fmt: skip
+    for command in (["train", "qos"], ["bench", "qos"], ["bench", "qos-impact"]):
+        assert fleet_from(parser.parse_args([*command, *flags])) == big
+        assert fleet_from(parser.parse_args(command)) == Fleet()
+    assert Fleet().flags() == "" and Fleet().suffix() == ""
+    assert big.suffix() == "_fleet-20-40ms-b256-m40000-w1000"
 
 
 def test_a_scrape_interval_is_a_positive_span(capsys: pytest.CaptureFixture[str]) -> None:

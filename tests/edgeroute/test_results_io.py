@@ -50,3 +50,8 @@ def test_write_names_the_folder_and_draws_the_plot(
 def test_results_name_the_processor_they_were_measured_on() -> None:
     cpu = results_io.machine()["cpu"]
     assert isinstance(cpu, str) and cpu and cpu != "unknown"
+
+
+def test_a_missing_value_is_a_dash_in_a_table() -> None:
+    rows = [{"a": 0.12345, "b": None}, {"a": 12345.0}]
+    assert results_io.table(rows, ["a", "b"]).splitlines()[2:] == ["| 0.123 | - |", "| 12,345 |  |"]

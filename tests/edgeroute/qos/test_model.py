@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import typing
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from edgeroute.qos.config import (
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, train
-from edgeroute.sim.edge import Quality
+from edgeroute.sim.edge import Fleet, Quality
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
@@ -204,11 +206,11 @@ def test_a_runs_latency_range_is_read_from_its_record(tmp_path: Path) -> None:
 def test_episodes_draw_their_hardware_from_the_configured_range() -> None:
     from edgeroute.qos.train import make_env, new_episode
 
-    env = make_env(tiny(hardware_ms=(30.0, 40.0)), DATA_DIR)
+    env = make_env(tiny(fleet=Fleet(hardware_ms=(30.0, 40.0))), DATA_DIR)
     rng = np.random.default_rng(0)
     bases = []
     for _ in range(10):
-        new_episode(env, tiny(hardware_ms=(30.0, 40.0)), rng)
+        new_episode(env, tiny(fleet=Fleet(hardware_ms=(30.0, 40.0))), rng)
         bases += [spec.base for spec in env.specs]
     assert all(0.030 <= b <= 0.040 for b in bases) and len(set(bases)) == len(bases)
     new_episode(env, tiny(), rng)
@@ -219,8 +221,8 @@ def test_episodes_draw_their_hardware_from_the_configured_range() -> None:
 def test_training_experts_take_the_configured_waiting_cap() -> None:
     from edgeroute.qos.train import make_env, new_episode
 
-    env = make_env(tiny(waiting_cap=1000), DATA_DIR)
-    new_episode(env, tiny(waiting_cap=1000), np.random.default_rng(0))
+    env = make_env(tiny(fleet=Fleet(waiting_cap=1000)), DATA_DIR)
+    new_episode(env, tiny(fleet=Fleet(waiting_cap=1000)), np.random.default_rng(0))
     assert {spec.waiting_cap for spec in env.specs} == {1000}
     for _ in range(20):  # more arrivals than 5 waiting slots, all to expert 1
         env.step(1)
@@ -235,7 +237,7 @@ def test_training_experts_take_the_configured_batch_and_memory() -> None:
     many requests and each one added slows all of them."""
     from edgeroute.qos.train import make_env, new_episode
 
-    big = tiny(running_cap=64, memory_tokens=40_000, waiting_cap=1000)
+    big = tiny(fleet=Fleet(running_cap=64, memory_tokens=40_000, waiting_cap=1000))
     env = make_env(big, DATA_DIR)
     new_episode(env, big, np.random.default_rng(0))
     assert {(s.running_cap, s.memory_tokens) for s in env.specs} == {(64, 40_000)}
@@ -251,20 +253,27 @@ def test_training_experts_take_the_configured_batch_and_memory() -> None:
 def test_a_hardware_seed_keeps_its_other_constants_whatever_the_base_range() -> None:
     from edgeroute.sim.edge import default_experts
 
-    usual, slow = default_experts(6, 7), default_experts(6, 7, base_ms=(30.0, 40.0))
+    usual = default_experts(6, 7)
+    slow = default_experts(6, 7, fleet=Fleet(hardware_ms=(30.0, 40.0)))
     assert [e.base for e in usual] != [e.base for e in slow]
     assert [(e.k1, e.k2, e.memory_tokens) for e in usual] == [
         (e.k1, e.k2, e.memory_tokens) for e in slow
     ]
 
 
-def test_a_runs_hardware_range_is_read_from_its_record(tmp_path: Path) -> None:
-    from edgeroute.qos.config import trained_hardware
+def test_a_runs_fleet_is_read_from_its_record(tmp_path: Path) -> None:
+    from edgeroute.qos.config import trained_fleet
 
-    (tmp_path / "training.json").write_text('{"config": {"hardware_ms": [20.0, 40.0]}}')
-    assert trained_hardware(tmp_path) == "[20, 40]"
-    (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
-    assert trained_hardware(tmp_path) == "[10, 22]"  # a record from before the setting
+    record = tmp_path / "training.json"
+    big = Fleet(hardware_ms=(20.0, 40.0), running_cap=256, waiting_cap=1000, memory_tokens=40_000)
+    record.write_text(json.dumps({"config": asdict(TrainConfig(fleet=big))}))
+    assert trained_fleet(tmp_path) == big
+    # records from before the fleet was one setting: its fields flat, None for the paper's
+    flat = {"hardware_ms": [20.0, 40.0], "running_cap": 256, "memory_tokens": 40_000}
+    record.write_text(json.dumps({"config": {**flat, "waiting_cap": 1000}}))
+    assert trained_fleet(tmp_path) == big
+    record.write_text('{"config": {"hardware_ms": null, "variant": "full"}}')
+    assert trained_fleet(tmp_path) == Fleet()
 
 
 @needs_data("the quality data")
