@@ -45,7 +45,7 @@ from gateway.store import (
     StoreUnavailable,
 )
 from gateway.transfers import KVTransfers
-from gateway.upstream import ResponseLimits, UpstreamPool
+from gateway.upstream import UPSTREAM_KEEPALIVE, ResponseLimits, UpstreamPool
 from oracle.state import OracleState
 from policies import Need, PipelineSpec, Policy, build_policy
 
@@ -129,7 +129,7 @@ class Gateway:
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
             timeout=self.settings.timeouts.scrape,
-            limits=httpx.Limits(max_connections=None, keepalive_expiry=30.0),
+            limits=httpx.Limits(max_connections=None, keepalive_expiry=UPSTREAM_KEEPALIVE),
             trust_env=False,  # no proxies or netrc from the environment
         )
         self._apply_routing(self.settings.routing)

@@ -37,7 +37,7 @@ class ClientLimits:
     max_headers: int = 100
     max_header_bytes: int = 32 * 1024  # the request line and every header line
     header_seconds: float = 10.0
-    keepalive_seconds: float = 5.0
+    keepalive_seconds: float = 75.0  # longer than its clients keep idle connections
 
 
 def _too_large_response(limits: ClientLimits) -> bytes:

@@ -174,9 +174,11 @@ class Timeouts(BaseModel):
     scrape: float = Field(default=1.0, gt=0)
     # Clients: the whole request head must arrive within `client_header` of its first
     # byte (and of the connection's opening); an idle keep-alive connection closes
-    # after `client_keepalive`.
+    # after `client_keepalive`. It outlasts clients' own idle expiry (httpx and the
+    # openai SDK: 5 s), so that the client, which knows when it will send, closes idle
+    # connections: a server closing one as a request goes out on it resets the request.
     client_header: float = Field(default=10.0, gt=0)
-    client_keepalive: float = Field(default=5.0, gt=0)
+    client_keepalive: float = Field(default=75.0, gt=0)
 
 
 class Limits(BaseModel):

@@ -29,6 +29,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+# Idle connections to backends are dropped after this: before the backends' own
+# servers close them (uvicorn's and so vLLM's default keep-alive: 5 s), since a
+# server closing one as a request goes out on it resets that request.
+UPSTREAM_KEEPALIVE = 4.0
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the backend pauses
 
 
@@ -335,7 +339,7 @@ class UpstreamPool:
     def __init__(
         self,
         connect_timeout: float,
-        keepalive: float = 30.0,
+        keepalive: float = UPSTREAM_KEEPALIVE,
         max_idle_per_host: int = 512,
         limits: ResponseLimits | None = None,
     ) -> None:

@@ -97,43 +97,57 @@ async def run_policy(
     )
     try:
         await asyncio.sleep(0.3)  # a few scrapes of the engines' load
-        results = await _replay(port, prompts, gaps, speedup)
+        results = await replay(port, prompts, gaps, speedup)
     finally:
         gateway.terminate()
         await asyncio.to_thread(gateway.wait, 10)
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks)
-    served = [r for r in results if not r[2]]
+    served = [r for r in results if r[2] == ANSWERED]
     return {
         "qos": statistics.fmean(s * (lat <= latency) for s, lat, _ in results),
         "latency_ms": statistics.fmean(lat for _, lat, _ in served) * 1e3 if served else None,
-        "drop_rate": sum(r[2] for r in results) / len(results),
+        "drop_rate": sum(r[2] == SHED for r in results) / len(results),
+        "errors": sum(r[2] == FAILED for r in results),
         "met_share": sum(lat <= latency for _, lat, _ in results) / len(results),
         "requests": len(results),
     }
 
 
-async def _replay(
+ANSWERED, SHED, FAILED = 0, 1, 2
+
+
+async def replay(
     port: int, prompts: list[str], gaps: list[float], speedup: float
 ) -> list[tuple[float, float, int]]:
-    """Each prompt at its instant; (score, latency per token, shed) per request."""
+    """Each prompt at its instant; (score, latency per token, outcome) per request: a
+    request the connection failed under scores 0 and is counted as an error, not lost."""
     results: list[tuple[float, float, int]] = []
 
     async def one(client: httpx.AsyncClient, prompt: str) -> None:
         t0 = time.perf_counter()
-        r = await client.post(
-            "/v1/chat/completions",
-            json={"model": ALIAS, "messages": [{"role": "user", "content": prompt}]},
-        )
+        try:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"model": ALIAS, "messages": [{"role": "user", "content": prompt}]},
+            )
+        except httpx.TransportError:
+            results.append((0.0, float("inf"), FAILED))
+            return
         if r.status_code != 200:
-            results.append((0.0, float("inf"), 1))
+            results.append((0.0, float("inf"), SHED))
             return
         tokens = max(1, r.json()["usage"]["completion_tokens"])
         per_token = (time.perf_counter() - t0) * speedup / tokens
-        results.append((float(r.headers["x-emulated-score"]), per_token, 0))
+        results.append((float(r.headers["x-emulated-score"]), per_token, ANSWERED))
 
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+    # Idle connections expire on the client's side first: a server that closes one as a
+    # request goes out on it resets that request.
+    limits = httpx.Limits(keepalive_expiry=2.0)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=300, limits=limits
+    ) as client:
         pending = []
         for prompt, gap in zip(prompts, gaps, strict=True):
             await asyncio.sleep(gap / speedup)
@@ -220,7 +234,7 @@ def main(
             rows.append({"seed": one_seed, "policy": name, **r})
             print(
                 f"  seed {one_seed} {name:<10} QoS {r['qos']:.3f}  met L {r['met_share']:.1%}  "
-                f"drops {r['drop_rate']:.1%}",
+                f"drops {r['drop_rate']:.1%}" + (f"  errors {r['errors']}" if r["errors"] else ""),
                 flush=True,
             )
     summary = []
@@ -238,6 +252,7 @@ def main(
                 "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
                 "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
                 "requests": sum(r["requests"] for r in mine),
+                "errors": sum(r["errors"] for r in mine),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
             }
@@ -267,6 +282,7 @@ def main(
             "drop_rate",
             "latency_ms",
             "requests",
+            "errors",
         ],
         json_path,
         notes=(
@@ -284,7 +300,7 @@ def main(
             )
             + "QoS per request is the worker's reported score times "
             "[latency per token <= L], latency measured by the client; a shed request "
-            "scores 0. `met_share`: requests answered within L. `minus_least_load`: the "
+            "scores 0, and so does one whose connection failed (`errors`). `met_share`: requests answered within L. `minus_least_load`: the "
             "QoS difference from least-load, paired by seed. Intervals are over the "
             "seeds; seed k is served by an agent's training run k (modulo its runs)."
         ),

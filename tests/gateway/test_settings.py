@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
 
-from gateway.settings import load_settings
+from gateway.settings import Settings, load_settings
 
 FILE = """
 routing:
@@ -93,3 +95,24 @@ def test_secrets_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings()
     assert "hunter2" not in repr(s) and "adm1n" not in repr(s)
     assert s.redis_url is not None and "hunter2" in s.redis_url.get_secret_value()
+
+
+def test_clients_close_idle_connections_before_the_gateway_does() -> None:
+    """A server that closes an idle keep-alive connection as the client sends a request
+    on it resets that request; the client's pool (httpx, the openai SDK) must expire
+    idle connections first, and so must the gateway's own pool against its workers."""
+    import openai._constants
+
+    from gateway.client_protocol import ClientLimits
+    from gateway.upstream import UPSTREAM_KEEPALIVE
+
+    gateway = Settings().timeouts.client_keepalive
+    clients = [
+        httpx.Limits().keepalive_expiry,
+        openai._constants.DEFAULT_CONNECTION_LIMITS.keepalive_expiry,
+    ]
+    assert all(c is not None and c < gateway for c in clients)
+    # ... and the gateway, as a client, expires its idle connections to backends before
+    # they close them: our workers, and uvicorn's servers (vLLM's) at their default.
+    uvicorn_default = uvicorn.Config(app=None).timeout_keep_alive
+    assert min(ClientLimits().keepalive_seconds, uvicorn_default) > UPSTREAM_KEEPALIVE

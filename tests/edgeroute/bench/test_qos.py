@@ -84,3 +84,22 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     assert (name, flags) == ("qos_live_routerdc_scrape-200ms_x", " --scrape-ms 200 --model x=a")
     name, flags = named("routerdc", SCRAPE_MS, {"x": [Path("a")]}, max_batch=5)
     assert (name, flags) == ("qos_live_routerdc_batch-5_x", " --max-batch 5 --model x=a")
+
+
+def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None:
+    """The hostile twin of the live harness: a server that closes every connection
+    without answering. Each request is kept, scored 0 and counted as failed."""
+    from edgeroute.bench.qos_live import FAILED, replay
+
+    async def run() -> list[tuple[float, float, int]]:
+        async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await replay(port, ["a", "b", "c"], [0.0, 0.0, 0.0], 1.0)
+
+    results = asyncio.run(run())
+    assert [r[2] for r in results] == [FAILED] * 3
+    assert all(r[0] == 0.0 for r in results)
