@@ -51,10 +51,12 @@ def test_a_hanging_worker_times_out_opens_its_circuit_and_recovers(
     # The first byte times out on `hung`, and the request is retried on `ok`.
     assert all(r.status_code == 200 for r in answers)
     assert {r.headers["x-edgeroute-backend"] for r in answers} == {"ok"}
-    assert not gw.pool.get("hung").circuit.available(time.monotonic())
+    # It opened (whether its 1 s cool-down has passed by now depends on the machine's
+    # load, so that is not asked here).
+    circuit = gw.pool.get("hung").circuit
+    assert circuit.state.name != "CLOSED" and circuit.failures >= 2
     # Still hanging, but answering /health: past each cool-down one real request is
     # the trial, fails, and the circuit opens again. Health alone never closes it.
-    circuit = gw.pool.get("hung").circuit
     wait_until(lambda: circuit.state.name == "HALF_OPEN", timeout=10)
     time.sleep(0.5)  # several good health probes
     assert circuit.state.name == "HALF_OPEN"
