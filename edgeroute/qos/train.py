@@ -31,6 +31,7 @@ from edgeroute.qos.config import (
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
     TrainConfig,
+    current_shape,
     quality_dir,
 )
 from edgeroute.qos.evaluate import evaluate, shortest_queue
@@ -196,7 +197,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     reference = eval_score(eval_env, cfg, shortest_queue)
     if resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
-        if {**state["config"], "steps": cfg.steps} != asdict(cfg):  # more steps: carry on
+        # more steps: carry on
+        if {**current_shape(state["config"]), "steps": cfg.steps} != asdict(cfg):
             raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
         sac.load_state_dict(state["sac"])
         replay.load_state_dict(state["replay"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +135,22 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert [h["step"] for h in result["history"]] == [128, 256]  # type: ignore[union-attr, index]
     with pytest.raises(SystemExit, match="another config"):
         train(tiny(steps=384, lr=1e-3), DATA_DIR, tmp_path)  # not the same run
+
+
+@needs_data("the quality data")
+def test_a_checkpoint_from_before_the_fleet_setting_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before the fleet was one setting hold its fields flat; such
+    a run carries on, and one of another fleet does not."""
+    big = Fleet(hardware_ms=(20.0, 40.0), running_cap=64, waiting_cap=1000, memory_tokens=40_000)
+    train(tiny(steps=128, fleet=big), DATA_DIR, tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    config = dict(ckpt["config"])
+    ckpt["config"] = {**{k: v for k, v in config.items() if k != "fleet"}, **asdict(big)}
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    with pytest.raises(SystemExit, match="another config"):
+        train(tiny(steps=256, fleet=replace(big, running_cap=5)), DATA_DIR, tmp_path)
+    result = train(tiny(steps=256, fleet=big), DATA_DIR, tmp_path)
+    assert [h["step"] for h in result["history"]] == [128, 256]  # type: ignore[union-attr, index]
 
 
 @needs_data("the quality data")
