@@ -129,6 +129,7 @@ class Fleet:
         return f"_fleet-{low:g}-{high:g}ms-b{self.running_cap}-m{memory}-w{self.waiting_cap}"
 
     def describe(self) -> str:
+        """The fleet in words, for results and model cards."""
         memory = (
             "2-6K tokens of KV per hardware seed"
             if self.memory_tokens is None
