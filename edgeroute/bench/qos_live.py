@@ -142,12 +142,7 @@ async def replay(
         per_token = (time.perf_counter() - t0) * speedup / tokens
         results.append((float(r.headers["x-emulated-score"]), per_token, ANSWERED))
 
-    # Idle connections expire on the client's side first: a server that closes one as a
-    # request goes out on it resets that request.
-    limits = httpx.Limits(keepalive_expiry=2.0)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=300, limits=limits
-    ) as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
         pending = []
         for prompt, gap in zip(prompts, gaps, strict=True):
             await asyncio.sleep(gap / speedup)
