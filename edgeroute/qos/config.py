@@ -4,7 +4,7 @@ so the command line can show the defaults without loading it)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +71,13 @@ def latency_range(config: dict[str, Any]) -> str:
     return f"[{low:g}, {high:g}]"
 
 
-_FLEET_FIELDS = ("hardware_ms", "running_cap", "waiting_cap", "memory_tokens")
-
-
 def current_shape(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded training config (a record's or a checkpoint's) in today's shape:
     configs from before the fleet was one setting hold its fields flat."""
     if "fleet" in config:
         return config
-    rest = {k: v for k, v in config.items() if k not in _FLEET_FIELDS}
+    flat = {f.name for f in fields(Fleet)}
+    rest = {k: v for k, v in config.items() if k not in flat}
     return {**rest, "fleet": asdict(Fleet.from_record(config))}
 
 
