@@ -29,6 +29,7 @@ from gateway.settings import BackendConfig, load_settings
 from workers.quality import default_data_dir
 
 if TYPE_CHECKING:
+    from edgeroute.qos.config import TrainConfig
     from workers.server import WorkerConfig
 
 DEMO_ALIAS = "edge-llm"
@@ -219,10 +220,20 @@ def cmd_fit_profiles(args: argparse.Namespace) -> None:
 
 
 def cmd_train_qos(args: argparse.Namespace) -> None:
-    from edgeroute.qos.config import TrainConfig
     from edgeroute.qos.train import train
 
-    cfg = TrainConfig(
+    try:
+        cfg = train_config(args)
+    except ValueError as e:
+        raise SystemExit(f"edgeroute train qos: {e}") from None
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    train(cfg, data_dir, Path(args.out), resume=not args.restart)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    from edgeroute.qos.config import TrainConfig
+
+    return TrainConfig(
         variant=args.variant,
         quality=args.quality,
         experts=args.experts,
@@ -250,8 +261,6 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
         heads=args.heads,
         layers=args.layers,
     )
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    train(cfg, data_dir, Path(args.out), resume=not args.restart)
 
 
 def cmd_qos_card(args: argparse.Namespace) -> None:
@@ -482,11 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--impact",
-        choices=["reached", "pushed", "counterfactual"],
+        choices=["reached", "pushed", "counterfactual", "hindsight"],
         default=t.impact,
         help="eq. 15 counts running requests that reach L with the new one, or only "
         "those it pushes over; counterfactual: instead of eq. 15, the QoS the expert's "
-        "other requests truly lose (the simulator's future with and without the request)",
+        "other requests truly lose (the simulator's future with and without the request, "
+        "nothing more arriving); hindsight: the same with the requests that arrived while "
+        "it ran (needs --credit request)",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

@@ -110,8 +110,10 @@ class TrainConfig:
     # the impact penalty); "completion": the paper's letter, completions rewarded at the
     # decision during which they finish (see docs/research.md for what each measured).
     credit: str = "request"
-    # eq. 15 as written, "pushed": only requests it pushes over L, or "counterfactual":
-    # the QoS the decision truly costs the others (`EdgeEnv.counterfactual_impact`)
+    # eq. 15 as written, "pushed": only requests it pushes over L, "counterfactual": the
+    # QoS the decision truly costs the others if nothing more arrives
+    # (`EdgeEnv.counterfactual_impact`), or "hindsight": with the requests that arrived
+    # while its request ran (`EdgeEnv.hindsight_impact`)
     impact: str = "reached"
     randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
@@ -147,6 +149,11 @@ class TrainConfig:
     hidden: int = 32
     heads: int = 2
     layers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.impact == "hindsight" and self.credit != "request":
+            # completions credited as they happen would carry no penalty at all
+            raise ValueError("the hindsight impact is credited per request (credit 'request')")
 
     @property
     def reward(self) -> str:

@@ -108,7 +108,9 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
 class Pending:
     """Per-request credit: a decision's transition waits until the request it routed
     finishes, and is then stored with that request's own QoS (eq. 1), less the action
-    impact penalty (eq. 15) the decision incurred. A drop is stored at once, at 0."""
+    impact penalty (eq. 15) the decision incurred. A drop is stored at once, at 0. With
+    the hindsight impact (`EdgeEnv.hindsight_impact`) the penalty depends on requests
+    routed after it, so the episode's transitions wait for its end."""
 
     def __init__(self, replay: Replay) -> None:
         self.replay = replay
@@ -121,11 +123,17 @@ class Pending:
         else:
             self.waiting.append((req, obs, action, env.last_penalty, nxt, done))
 
-    def settle(self, env: EdgeEnv) -> None:
+    def settle(self, env: EdgeEnv, ended: bool = False) -> None:
+        """Store what can be credited; `ended`: the episode has ended and drained."""
+        hindsight = env.impact == "hindsight" and env.reward_kind == "qos"
+        if hindsight and not ended:
+            return
         keep = []
         for item in self.waiting:
             req, obs, action, penalty, nxt, done = item
             if math.isfinite(req.done_at):
+                if hindsight:
+                    penalty = env.hindsight_impact(req)
                 self.replay.add(obs, action, env.qos(req) - penalty, nxt, done)
             else:
                 keep.append(item)
@@ -235,7 +243,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 pending[k].add(env, obs[k], int(actions[k]), nxt, done)
                 if done:
                     env.drain()  # every routed request finishes, so all are credited
-                pending[k].settle(env)
+                pending[k].settle(env, ended=done)
             else:  # the paper's letter: completions are rewarded when they happen
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:

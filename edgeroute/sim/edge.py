@@ -427,8 +427,30 @@ RewardKind = Literal["qos", "completion"]
 # Which running requests eq. 15 counts: those whose estimated latency with the new
 # request reaches L (as written), or only those it pushes over (as the text says); or,
 # instead of eq. 15, the QoS the decision really costs the expert's other requests
-# ("counterfactual": its future with and without the new request, `timeline`).
-Impact = Literal["reached", "pushed", "counterfactual"]
+# ("counterfactual": its future with and without the new request if nothing more
+# arrives, `timeline`), or that with the requests routed there while it ran
+# ("hindsight": known only once they have finished).
+Impact = Literal["reached", "pushed", "counterfactual", "hindsight"]
+
+
+@dataclass(frozen=True)
+class Queued:
+    """An expert's requests at one moment and the jobs they are (`timeline.Job`, keyed
+    by their index in `requests`): running, fresh (admitted, prefill in flight), waiting."""
+
+    requests: list[Req]
+    running: list[Job]
+    fresh: list[Job]
+    waiting: list[Job]
+    clock: float  # when the iteration in flight ends
+    now: float
+
+    @classmethod
+    def of(cls, e: ExpertState, now: float) -> Queued:
+        reqs = [*e.running, *e.fresh, *e.waiting]
+        jobs = [Job(i, r.prompt_tokens, r.generated, r.length) for i, r in enumerate(reqs)]
+        a, b = len(e.running), len(e.running) + len(e.fresh)
+        return cls(reqs, jobs[:a], jobs[a:b], jobs[b:], e.clock, now)
 
 
 class EdgeEnv:
@@ -487,6 +509,10 @@ class EdgeEnv:
         self.experts = [ExpertState(s) for s in self.specs]
         self.last_request: Req | None = None  # what the last `step` routed, and ...
         self.last_penalty = 0.0  # ... the impact penalty it incurred
+        # impact "hindsight": each routed request's expert as it found it, and the
+        # requests each expert was given, in order
+        self.found: dict[Req, tuple[int, Queued]] = {}
+        self.given: list[list[Req]] = [[] for _ in self.specs]
         self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
         self.now = 0.0
         self._next_scrape = 0.0
@@ -609,7 +635,12 @@ class EdgeEnv:
 
     def impact_penalty(self, n: int, req: Req) -> float:
         """What routing `req` (the current arrival) to expert n costs the requests there:
-        eq. 15's estimate, or with impact "counterfactual" the true cost."""
+        eq. 15's estimate, or with impact "counterfactual" the true cost if nothing
+        more arrives; with "hindsight" 0 here, known later (`hindsight_impact`)."""
+        if self.impact == "hindsight":
+            self.found[req] = (n, Queued.of(self.experts[n], self.now))
+            self.given[n].append(req)
+            return 0.0
         if self.impact == "counterfactual":
             return self.counterfactual_impact(n, req)
         return self.estimated_impact(n, pushed=self.impact == "pushed")
@@ -619,17 +650,36 @@ class EdgeEnv:
         when `req` joins its queue, by the expert's future with and without it if nothing
         more arrives (`timeline.finish_times`): what eq. 15 estimates, known exactly
         here because the simulator knows every request's length. Training only."""
-        e = self.experts[n]
-        others = [*e.running, *e.fresh, *e.waiting]
-        jobs = [Job(i, r.prompt_tokens, r.generated, r.length) for i, r in enumerate(others)]
-        running, fresh = (
-            jobs[: len(e.running)],
-            jobs[len(e.running) : len(e.running) + len(e.fresh)],
+        return self._lost(Queued.of(self.experts[n], self.now), n, req, [])
+
+    def hindsight_impact(self, req: Req) -> float:
+        """The QoS that expert n's other requests lost because `req` (routed there
+        earlier, impact "hindsight") ran beside them: those there when it arrived and
+        those routed there before it finished, by the expert's future with and without
+        it, the latter arrivals included. Known once `req` has finished; the arrivals
+        after it are left out of both futures (its backlog's later effects are not
+        counted). Training only."""
+        if not math.isfinite(req.done_at):
+            raise ValueError("a request's hindsight impact is known once it has finished")
+        n, found = self.found[req]
+        given = self.given[n]
+        later = [r for r in given[given.index(req) + 1 :] if r.arrival < req.done_at]
+        return self._lost(found, n, req, later)
+
+    def _lost(self, found: Queued, n: int, req: Req, later: list[Req]) -> float:
+        """What the requests in `found` and `later` (arriving at their times) lose to
+        `req` joining expert n's queue at `found.now`."""
+        others = [*found.requests, *later]
+        first = len(found.requests)
+        arrivals = [
+            (r.arrival, Job(first + i, r.prompt_tokens, 0, r.length)) for i, r in enumerate(later)
+        ]
+        new = Job(len(others), req.prompt_tokens, 0, req.length)
+        spec, f = self.experts[n].spec, found
+        without = finish_times(spec, f.running, f.fresh, f.waiting, f.clock, f.now, arrivals)
+        with_new = finish_times(
+            spec, f.running, f.fresh, [*f.waiting, new], f.clock, f.now, arrivals
         )
-        waiting = jobs[len(e.running) + len(e.fresh) :]
-        new = Job(len(jobs), req.prompt_tokens, req.generated, req.length)
-        without = finish_times(e.spec, running, fresh, waiting, e.clock, self.now)
-        with_new = finish_times(e.spec, running, fresh, [*waiting, new], e.clock, self.now)
 
         def met(done: dict[int, float], i: int) -> bool:
             return (done[i] - others[i].arrival) / others[i].length <= self.L

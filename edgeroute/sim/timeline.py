@@ -1,17 +1,21 @@
-"""An edge expert's future when nothing more arrives: when each of its requests finishes.
+"""An edge expert's future: when each of its requests finishes.
 
 The simulator's experts (`edgeroute.sim.edge`) run iteration-level batching: at each
 iteration boundary the finished requests leave, waiting ones are admitted while slots
 and KV memory allow, and the next iteration lasts base + k1 * (prefill tokens) + k2 *
-(context tokens of the decode batch). With no arrivals the future is deterministic,
-and between two boundaries where the batch changes every iteration is a decode step
-whose cost grows by k2 per running request, so `finish_times` jumps from one change
-to the next instead of stepping every token. Training uses it for the counterfactual
-impact of a routing decision (the expert's future with and without the new request).
+(context tokens of the decode batch). Given the requests there and those still to
+arrive the future is deterministic, and between two boundaries where the batch changes
+(a finish, an admission, an arrival) every iteration is a decode step whose cost grows
+by k2 per running request, so `finish_times` jumps from one change to the next instead
+of stepping every token. Training uses it for the true impact of a routing decision:
+the expert's future with and without the new request, with nothing more arriving
+("counterfactual") or with the requests that did arrive while it was there
+("hindsight").
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -67,24 +71,36 @@ def finish_times(
     waiting: Sequence[Job],
     clock: float,
     now: float,
+    arrivals: Sequence[tuple[float, Job]] = (),
 ) -> dict[int, float]:
-    """When each job finishes (by `key`), if nothing more arrives. `running` and `fresh`
-    (admitted, prefill in flight) form the iteration that ends at `clock`; `waiting`
-    is in admission order. An idle expert (no running or fresh jobs) admits at
-    max(clock, now), as the simulator does. The jobs given are copied, not changed."""
+    """When each job finishes (by `key`). `running` and `fresh` (admitted, prefill in
+    flight) form the iteration that ends at `clock`; `waiting` is in admission order;
+    `arrivals` join the waiting queue at their times (after `now`, in order), as the
+    simulator's arrivals do: one that comes while an iteration runs waits for its end,
+    one that finds the expert idle starts an iteration at once. An idle expert with
+    jobs waiting starts at max(clock, now). The jobs given are copied, not changed."""
     run = [Job(j.key, j.prompt, j.generated, j.length) for j in running]
     new = [Job(j.key, j.prompt, j.generated, j.length) for j in fresh]
     queue = [Job(j.key, j.prompt, j.generated, j.length) for j in waiting]
+    later = deque((a, Job(j.key, j.prompt, j.generated, j.length)) for a, j in arrivals)
     done: dict[int, float] = {}
     t = clock
-    if not run and not new:
-        t = max(clock, now)
-        new = _admit(engine, run, queue)
-        if not new:
-            return done
-        t = iteration_end(engine, t, sum(j.prompt for j in new), 0)
     while True:
-        # The iteration ending at t had run + new in its batch: each gets a token.
+        if not run and not new:  # idle: the next work starts an iteration
+            if queue:
+                t = max(t, now)
+            elif later:
+                a, job = later.popleft()
+                queue.append(job)
+                t = max(t, a)
+            new = _admit(engine, run, queue)
+            if not new:
+                return done
+            t = iteration_end(engine, t, sum(j.prompt for j in new), 0)
+        # The iteration ending at t had run + new in its batch: each gets a token, and
+        # whoever arrived while it ran is waiting at its end.
+        while later and later[0][0] < t:
+            queue.append(later.popleft()[1])
         run.extend(new)
         for j in run:
             j.generated += 1
@@ -92,18 +108,31 @@ def finish_times(
                 done[j.key] = t
         run = [j for j in run if j.key not in done]
         new = _admit(engine, run, queue)
-        if not run and not new:
-            return done
         context = sum(j.tokens for j in run)
         if new:
             t = iteration_end(engine, t, sum(j.prompt for j in new), context)
             continue
-        # Decode only until the next finish: m iterations whose context grows by one
-        # token per running job each; the last one ends at the loop's next boundary.
+        if not run:
+            continue  # idle
+        # Decode only, until the next finish or the boundary after the next arrival:
+        # iteration i (from 1) ends i * base + k2 * (i * context + len(run) * i(i-1)/2)
+        # from now; the last of the m ends at the loop's next boundary.
         m = min(j.length - j.generated for j in run)
+        if later:
+            m = min(m, _iterations_until(engine, later[0][0] - t, context, len(run)))
         t += m * engine.base + engine.k2 * (m * context + len(run) * m * (m - 1) / 2)
         for j in run:
             j.generated += m - 1
+
+
+def _iterations_until(engine: Engine, span: float, context: int, batch: int) -> int:
+    """The fewest decode iterations (at least 1) whose ends pass `span` from now."""
+    i, elapsed = 0, 0.0
+    while True:
+        i += 1
+        elapsed += engine.base + engine.k2 * (context + batch * (i - 1))
+        if elapsed > span:
+            return i
 
 
 def _admit(engine: Engine, run: list[Job], queue: list[Job]) -> list[Job]:

@@ -322,3 +322,40 @@ def test_training_with_the_counterfactual_impact_credits_the_true_cost() -> None
     rewards = sorted(pending.replay.reward[: pending.replay.size].tolist())
     want = sorted([0.0] * (400 - len(costs)) + [env.qos(r) - c for r, c in costs.values()])
     assert rewards == pytest.approx(want, abs=1e-6)
+
+
+@needs_data("the quality data")
+def test_training_with_the_hindsight_impact_credits_at_the_episodes_end() -> None:
+    """`--impact hindsight`: nothing is stored while the episode runs (a decision's
+    cost depends on requests routed after it); at its end every routed decision carries
+    its request's QoS less what that request truly cost the others, arrivals included."""
+    from edgeroute.qos.sac import Replay
+    from edgeroute.qos.train import Pending, make_env, new_episode
+
+    cfg = tiny(impact="hindsight", latencies_ms=(30.0, 40.0))
+    env = make_env(cfg, DATA_DIR)
+    new_episode(env, cfg, np.random.default_rng(0))
+    obs = env.observe()
+    pending = Pending(Replay(4096, obs))
+    drops = 0
+    for i in range(400):
+        action = (1 + i % 2) if i % 7 else 0
+        env.step(action)
+        drops += env.last_request is None
+        pending.add(env, obs, action, obs, False)
+        pending.settle(env)
+    assert pending.replay.size == drops  # only the drops, at 0
+    env.drain()
+    routed = [item[0] for item in pending.waiting]
+    costs = [env.hindsight_impact(r) for r in routed]
+    pending.settle(env, ended=True)
+    assert pending.replay.size == 400 and not pending.waiting
+    assert any(c > 0 for c in costs)
+    rewards = sorted(pending.replay.reward[: pending.replay.size].tolist())
+    want = sorted([0.0] * drops + [env.qos(r) - c for r, c in zip(routed, costs, strict=True)])
+    assert rewards == pytest.approx(want, abs=1e-6)
+
+
+def test_the_hindsight_impact_is_refused_with_completion_credit() -> None:
+    with pytest.raises(ValueError, match="credited per request"):
+        TrainConfig(impact="hindsight", credit="completion")

@@ -3,11 +3,12 @@ the counterfactual impact against the two worlds it compares."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from edgeroute.sim.edge import EdgeEnv, EdgeExpert, Req, Task
+from edgeroute.sim.edge import EdgeExpert, Queued, Req, Task
 from edgeroute.sim.timeline import Job, finish_times
 from tests.edgeroute.sim.test_edge import MODEL, env_with
 
@@ -19,14 +20,6 @@ def tasks(rng: random.Random, k: int) -> list[Task]:
         Task(f"p{i}", rng.randint(5, 400), {MODEL: rng.random()}, {MODEL: rng.randint(1, 120)})
         for i in range(k)
     ]
-
-
-def jobs_of(env: EdgeEnv) -> tuple[list[Req], list[Job], list[Job], list[Job]]:
-    e = env.experts[0]
-    reqs = [*e.running, *e.fresh, *e.waiting]
-    jobs = [Job(i, r.prompt_tokens, r.generated, r.length) for i, r in enumerate(reqs)]
-    a, b = len(e.running), len(e.running) + len(e.fresh)
-    return reqs, jobs[:a], jobs[a:b], jobs[b:]
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -48,10 +41,12 @@ def test_finish_times_are_the_simulators_own(seed: int) -> None:
     for _ in range(len(times) - 1):
         env.step(1)
     # The last arrival: predict the future with it, then let the simulator run it.
-    reqs, running, fresh, waiting = jobs_of(env)
-    e = env.experts[0]
+    found = Queued.of(env.experts[0], env.now)
+    reqs = found.requests
     new = Job(len(reqs), env.task.prompt_tokens, 0, env.task.lengths[MODEL])
-    want = finish_times(expert, running, fresh, [*waiting, new], e.clock, env.now)
+    want = finish_times(
+        expert, found.running, found.fresh, [*found.waiting, new], found.clock, found.now
+    )
     env.step(1)
     (last,) = [r for r in env.finished if r not in reqs and r.arrival == times[-1]]
     for i, r in enumerate([*reqs, last]):
@@ -85,7 +80,7 @@ def test_counterfactual_impact_is_what_the_other_requests_lose() -> None:
         for env in (routed, dropped):
             for _ in range(3):
                 env.step(1)
-        (before, *_) = jobs_of(routed)
+        before = Queued.of(routed.experts[0], routed.now).requests
         routed.step(1)
         dropped.step(0)
         others = sorted((r for r in routed.finished if r.arrival < times[3]), key=arrived)
@@ -95,3 +90,95 @@ def test_counterfactual_impact_is_what_the_other_requests_lose() -> None:
         assert routed.last_penalty == pytest.approx(lost)
         seen.add(round(lost, 6))
     assert len(seen) > 1 and max(seen) > 0  # some L makes the arrival cost the others QoS, some not
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_finish_times_with_arrivals_are_the_simulators_own(seed: int) -> None:
+    """The expert as one arrival found it, and the arrivals after it at their times:
+    every request finishes when the simulator's run of that future finishes it, through
+    arrivals that wait for an iteration's end and arrivals that find the expert idle."""
+    rng = random.Random(100 + seed)
+    expert = EdgeExpert(
+        MODEL,
+        base=rng.uniform(0.005, 0.03),
+        k1=rng.uniform(1e-5, 3e-4),
+        k2=rng.uniform(1e-6, 2e-5),
+        memory_tokens=rng.choice((600, 1500, 10_000)),
+        running_cap=rng.choice((1, 3, 5)),
+        waiting_cap=1000,
+    )
+    times = sorted(rng.uniform(0, 3.0) for _ in range(rng.randint(4, 20)))
+    env = env_with(expert, tasks(rng, 30), [*times, FAR])
+    k = rng.randrange(len(times))
+    for _ in range(k):
+        env.step(1)
+    found = Queued.of(env.experts[0], env.now)
+    new = Job(len(found.requests), env.task.prompt_tokens, 0, env.task.lengths[MODEL])
+    for _ in range(k, len(times)):
+        env.step(1)
+    env.drain()
+    routed = sorted(env.finished, key=arrived)
+    assert [r.arrival for r in routed] == times
+    later = routed[k + 1 :]
+    arrivals = [
+        (r.arrival, Job(len(found.requests) + 1 + i, r.prompt_tokens, 0, r.length))
+        for i, r in enumerate(later)
+    ]
+    want = finish_times(
+        expert, found.running, found.fresh, [*found.waiting, new], found.clock, found.now, arrivals
+    )
+    for i, r in enumerate([*found.requests, routed[k], *later]):
+        assert r.done_at == pytest.approx(want[i], rel=1e-9, abs=1e-12)
+    assert len(want) == len(found.requests) + 1 + len(later)
+
+
+def test_hindsight_impact_is_what_the_others_lose_arrivals_included() -> None:
+    """Two worlds from the same state, with the same later arrivals routed to the same
+    expert: the arrival routed, or dropped. Its hindsight impact is the QoS the others
+    (there when it came, and those that came while it ran) have in the second and not
+    in the first, and it sees what the counterfactual with no arrivals cannot."""
+    rng = random.Random(11)
+    expert = EdgeExpert(MODEL, base=0.01, k1=2e-4, k2=2e-5, memory_tokens=10_000)
+    pool = [
+        Task(f"p{i}", rng.randint(5, 400), {MODEL: rng.random()}, {MODEL: rng.randint(20, 80)})
+        for i in range(40)
+    ]
+    # the decision at 0.06; the arrivals after it come while its request runs (>= 0.2 s)
+    times = [0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, FAR]
+    seen, beyond = set(), 0
+    for latency in (0.012, 0.015, 0.02, 0.025, 0.03, 0.05):
+        routed = env_with(expert, pool, times, latency_req=latency, impact="hindsight")
+        dropped = env_with(expert, pool, times, latency_req=latency)
+        for env in (routed, dropped):
+            for _ in range(3):
+                env.step(1)
+        cost_now = routed.counterfactual_impact(0, routed.request_for(0))
+        routed.step(1)
+        dropped.step(0)
+        assert routed.last_penalty == 0.0  # known once its request has finished
+        (mine,) = [r for r in routed.given[0] if r.arrival == times[3]]
+        for env in (routed, dropped):
+            for _ in range(3):
+                env.step(1)
+            env.drain()
+        others = sorted((r for r in routed.finished if r is not mine), key=arrived)
+        twins = sorted((r for r in dropped.finished if r.arrival != times[3]), key=arrived)
+        assert [r.arrival for r in others] == [r.arrival for r in twins] == times[:3] + times[4:7]
+        assert all(r.arrival < mine.done_at for r in others)
+        lost = sum(dropped.qos(b) - routed.qos(a) for a, b in zip(others, twins, strict=True))
+        assert routed.hindsight_impact(mine) == pytest.approx(lost)
+        seen.add(round(lost, 6))
+        beyond += round(lost, 6) != round(cost_now, 6)
+    assert len(seen) > 1 and max(seen) > 0
+    assert beyond > 0  # the arrivals it delayed count too
+
+
+def test_a_hindsight_impact_waits_for_its_request_to_finish() -> None:
+    expert = EdgeExpert(MODEL, base=0.01, k1=2e-4, k2=2e-5, memory_tokens=10_000)
+    pool = [Task("p", 50, {MODEL: 1.0}, {MODEL: 30})]
+    env = env_with(expert, pool, [0.0, 0.01, FAR], impact="hindsight")
+    env.step(1)
+    (first,) = env.given[0]
+    assert not math.isfinite(first.done_at)
+    with pytest.raises(ValueError, match="once it has finished"):
+        env.hindsight_impact(first)
