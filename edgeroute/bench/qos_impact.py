@@ -4,7 +4,8 @@ Along each policy's own trajectory in the edge-expert simulator, every routed de
 gets eq. 15's penalty (as written, "reached", and read as "pushed") and the true
 impact: the QoS the chosen expert's other requests lose because the arrival joined
 (`EdgeEnv.counterfactual_impact`: the expert's future with and without it when nothing
-more arrives, true lengths and scores). An estimator that fires where no QoS is lost
+more arrives, true lengths and scores), and that counted in hindsight, with the requests
+routed there while it ran (`EdgeEnv.hindsight_impact`). An estimator that fires where no QoS is lost
 teaches the agent to avoid harmless decisions; one that stays silent where QoS is lost
 teaches nothing. Settings: the paper's default and its sweeps of lambda and L.
 """
@@ -43,25 +44,32 @@ ESTIMATORS: tuple[Impact, ...] = ("reached", "pushed")
 
 
 def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]]:
-    """Each routed decision's estimates and true impact along one episode (`env`'s
-    own reward is not read)."""
-    out = []
+    """Each routed decision's estimates, true impact and hindsight impact along one
+    episode, run to its end. `env` keeps what the hindsight needs (impact "hindsight",
+    reward "qos"); its own reward is not read."""
+    if env.impact != "hindsight" or env.reward_kind != "qos":
+        raise ValueError("the trajectory's environment must record the hindsight impact")
+    routed = []
     env.reset(seed)
     done, i = False, 0
     while not done:
         action = policy(env, i)
         n = action - 1
+        row = None
         if action and not env.experts[n].refuses():
-            out.append(
-                {
-                    "true": env.counterfactual_impact(n, env.request_for(n)),
-                    "reached": env.estimated_impact(n),
-                    "pushed": env.estimated_impact(n, pushed=True),
-                }
-            )
+            row = {
+                "true": env.counterfactual_impact(n, env.request_for(n)),
+                "reached": env.estimated_impact(n),
+                "pushed": env.estimated_impact(n, pushed=True),
+            }
         _, done = env.step(action)
+        if row is not None and env.last_request is not None:
+            routed.append((row, env.last_request))
         i += 1
-    return out
+    env.drain()
+    for row, req in routed:
+        row["hindsight"] = env.hindsight_impact(req)
+    return [row for row, _ in routed]
 
 
 def summary(decisions: list[dict[str, float]], kind: str) -> dict[str, Any]:
@@ -111,10 +119,12 @@ def main(
                 latency_req=latency_ms / 1000,
                 episode_len=episode,
                 predictor=predictor,
-                reward="completion",  # the penalties are taken above, not in `step`
+                reward="qos",  # the penalties are read in `trajectory`, not from `step`
+                impact="hindsight",
             )
             decisions = [d for s in seeds for d in trajectory(env, policy, s)]
             harm = [d["true"] for d in decisions]
+            later = [d["hindsight"] for d in decisions]
             for kind in ESTIMATORS:
                 rows.append(
                     {
@@ -124,12 +134,15 @@ def main(
                         "decisions": len(decisions),
                         "costly": sum(h > 0 for h in harm) / len(harm),
                         "mean_true": statistics.fmean(harm),
+                        "costly_hindsight": sum(h > 0 for h in later) / len(later),
+                        "mean_hindsight": statistics.fmean(later),
                         **summary(decisions, kind),
                     }
                 )
             last = rows[-2:]
             print(
-                f"  {label:<10} {name:<6} costly {last[0]['costly']:.1%}  "
+                f"  {label:<10} {name:<6} costly {last[0]['costly']:.1%} "
+                f"(hindsight {last[0]['costly_hindsight']:.1%})  "
                 + "  ".join(
                     f"{r['estimator']}: fires {r['fires']:.1%} precision {_pct(r['precision'])} "
                     f"recall {_pct(r['recall'])}"
@@ -163,6 +176,8 @@ def main(
             "recall",
             "mean_true",
             "mean_estimate",
+            "costly_hindsight",
+            "mean_hindsight",
         ],
         json_path,
         notes=(
@@ -174,7 +189,9 @@ def main(
             "more arriving; true lengths and scores). `fires`: share the estimator "
             "penalises. `precision`: of those, the share that were costly; `recall`: of the "
             "costly ones, the share it penalises. `mean_true`, `mean_estimate`: QoS per "
-            "decision. The agents are each world's run 0."
+            "decision. `costly_hindsight`, `mean_hindsight`: the same counted in hindsight, "
+            "with the requests routed to that expert while the arrival's request ran "
+            "(`EdgeEnv.hindsight_impact`). The agents are each world's run 0."
         ),
         quick=quick,
     )

@@ -33,8 +33,23 @@ def test_a_loaded_trajectory_has_costly_decisions_and_eq15_reading_as_pushed_cou
     ]
     experts = [EdgeExpert("m", base=0.012, k1=2e-4, k2=3e-6, memory_tokens=4096)] * 2
     env = EdgeEnv(
-        experts, pool, rate=20.0, latency_req=0.02, episode_len=200, predictor=NoisyOracle()
+        experts,
+        pool,
+        rate=20.0,
+        latency_req=0.02,
+        episode_len=200,
+        predictor=NoisyOracle(),
+        impact="hindsight",
     )
     rows = trajectory(env, BASELINES["SQF"], seed=5)
     assert rows and all(r["true"] >= 0 and r["pushed"] <= r["reached"] for r in rows)
     assert any(r["true"] > 0 for r in rows)  # a loaded world: some arrivals cost QoS
+    # in hindsight, the arrivals a request delayed count too: more decisions are costly
+    assert sum(r["hindsight"] > 0 for r in rows) > sum(r["true"] > 0 for r in rows)
+
+
+def test_a_trajectory_needs_an_environment_that_records_the_hindsight() -> None:
+    expert = EdgeExpert("m", base=0.01, k1=0.0, k2=0.0, memory_tokens=4096)
+    env = EdgeEnv([expert], [Task("p", 10, {"m": 1.0}, {"m": 5})])
+    with pytest.raises(ValueError, match="hindsight"):
+        trajectory(env, BASELINES["SQF"], seed=0)
