@@ -22,12 +22,9 @@ def tasks(rng: random.Random, k: int) -> list[Task]:
     ]
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_finish_times_are_the_simulators_own(seed: int) -> None:
-    """Random queues (tight memory, a small batch cap, prompts and lengths of all
-    sizes): the jumps between batch changes land where the simulator's iterations do."""
-    rng = random.Random(seed)
-    expert = EdgeExpert(
+def random_expert(rng: random.Random) -> EdgeExpert:
+    """Tight memory or not, a small batch cap, iteration constants of all sizes."""
+    return EdgeExpert(
         MODEL,
         base=rng.uniform(0.005, 0.03),
         k1=rng.uniform(1e-5, 3e-4),
@@ -36,6 +33,14 @@ def test_finish_times_are_the_simulators_own(seed: int) -> None:
         running_cap=rng.choice((1, 3, 5)),
         waiting_cap=1000,
     )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_finish_times_are_the_simulators_own(seed: int) -> None:
+    """Random queues (tight memory, a small batch cap, prompts and lengths of all
+    sizes): the jumps between batch changes land where the simulator's iterations do."""
+    rng = random.Random(seed)
+    expert = random_expert(rng)
     times = sorted(rng.uniform(0, 2.0) for _ in range(rng.randint(1, 14)))
     env = env_with(expert, tasks(rng, 30), [*times, FAR])
     for _ in range(len(times) - 1):
@@ -98,15 +103,7 @@ def test_finish_times_with_arrivals_are_the_simulators_own(seed: int) -> None:
     every request finishes when the simulator's run of that future finishes it, through
     arrivals that wait for an iteration's end and arrivals that find the expert idle."""
     rng = random.Random(100 + seed)
-    expert = EdgeExpert(
-        MODEL,
-        base=rng.uniform(0.005, 0.03),
-        k1=rng.uniform(1e-5, 3e-4),
-        k2=rng.uniform(1e-6, 2e-5),
-        memory_tokens=rng.choice((600, 1500, 10_000)),
-        running_cap=rng.choice((1, 3, 5)),
-        waiting_cap=1000,
-    )
+    expert = random_expert(rng)
     times = sorted(rng.uniform(0, 3.0) for _ in range(rng.randint(4, 20)))
     env = env_with(expert, tasks(rng, 30), [*times, FAR])
     k = rng.randrange(len(times))
