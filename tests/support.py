@@ -197,13 +197,18 @@ class ServerThread:
     def serve(
         self, app: Any, port: int | None = None, settings: Settings | None = None
     ) -> tuple[str, Any]:
-        """Serve `app` on loopback; a gateway's `settings` set its limits on clients."""
-        port = port or free_port()
-        listener = Listener(app, "127.0.0.1", port)
+        """Serve `app` on loopback; a gateway's `settings` set its limits on clients. The
+        socket is bound here and handed to the server, so no other test can take the
+        port between choosing it and listening on it."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port or 0))
+        port = int(sock.getsockname()[1])
+        listener = Listener(app, "127.0.0.1", port, sock=sock)
         if settings is not None:
-            listener = gateway_listener(app, settings.model_copy(update={"port": port}))
+            listener = gateway_listener(app, settings.model_copy(update={"port": port}), sock)
         server = make_server(listener, graceful_seconds=1)
-        fut = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), self.loop)
         self._running.append((server, fut))
         wait_until(lambda: server.started or fut.done(), timeout=30)
         if fut.done():

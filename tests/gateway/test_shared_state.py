@@ -101,8 +101,10 @@ def test_redis_killed_and_restarted_under_traffic_loses_no_request(
         stop.set()
         for t in threads:
             t.join(10)
+    # Traffic went on in each phase (the waits above: 10 more answers before the kill,
+    # while the store was down, and after it came back); how many in all is the
+    # machine's speed, not the gateway's behaviour. Every one of them was answered.
     assert set(statuses) == {200}, statuses
-    assert sum(statuses.values()) > 50
 
 
 def test_embedded_store_is_revived_when_its_process_dies(
