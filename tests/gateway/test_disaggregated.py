@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from tests.support import RedisProcess, wait_until
+from tests.support import RedisProcess, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -62,16 +62,11 @@ def setup(start_worker: Start, start_gateway: Start, redis: RedisProcess) -> tup
 
 def kv_received(gw: Any, backend: str) -> tuple[float, float]:
     """(transfers, bytes) of KV a decode worker has received, from its /metrics."""
-    b = gw.pool.get(backend)
-    text = httpx.get(b.config.url + "/metrics").text
-    found = {}
-    for line in text.splitlines():
-        if line.startswith(
-            ("vllm:nixl_bytes_transferred_count", "vllm:nixl_bytes_transferred_sum")
-        ):
-            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
-            found[name.rsplit("_", 1)[1]] = value
-    return found.get("count", 0.0), found.get("sum", 0.0)
+    text = httpx.get(gw.pool.get(backend).config.url + "/metrics").text
+    return (
+        sample(text, "vllm:nixl_bytes_transferred_count"),
+        sample(text, "vllm:nixl_bytes_transferred_sum"),
+    )
 
 
 def ask(url: str, tag: str, stream: bool = False) -> tuple[str, float]:
