@@ -509,9 +509,9 @@ class EdgeEnv:
         self.experts = [ExpertState(s) for s in self.specs]
         self.last_request: Req | None = None  # what the last `step` routed, and ...
         self.last_penalty = 0.0  # ... the impact penalty it incurred
-        # impact "hindsight": each routed request's expert as it found it, and the
-        # requests each expert was given, in order
-        self.found: dict[Req, tuple[int, Queued]] = {}
+        # impact "hindsight": each routed request's expert, its place in the requests
+        # that expert was given, and the expert as it found it
+        self.found: dict[Req, tuple[int, int, Queued]] = {}
         self.given: list[list[Req]] = [[] for _ in self.specs]
         self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
         self.now = 0.0
@@ -638,7 +638,7 @@ class EdgeEnv:
         eq. 15's estimate, or with impact "counterfactual" the true cost if nothing
         more arrives; with "hindsight" 0 here, known later (`hindsight_impact`)."""
         if self.impact == "hindsight":
-            self.found[req] = (n, Queued.of(self.experts[n], self.now))
+            self.found[req] = (n, len(self.given[n]), Queued.of(self.experts[n], self.now))
             self.given[n].append(req)
             return 0.0
         if self.impact == "counterfactual":
@@ -661,9 +661,8 @@ class EdgeEnv:
         counted). Training only."""
         if not math.isfinite(req.done_at):
             raise ValueError("a request's hindsight impact is known once it has finished")
-        n, found = self.found[req]
-        given = self.given[n]
-        later = [r for r in given[given.index(req) + 1 :] if r.arrival < req.done_at]
+        n, place, found = self.found[req]
+        later = [r for r in self.given[n][place + 1 :] if r.arrival < req.done_at]
         return self._lost(found, n, req, later)
 
     def _lost(self, found: Queued, n: int, req: Req, later: list[Req]) -> float:
