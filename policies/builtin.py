@@ -24,13 +24,9 @@ def _fixed(plugin: object) -> Any:
 def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.qos_drl import DEFAULT_MODEL_DIR, load
 
-    check_params(params, ("model", "latency_ms", "running_cap"))
+    check_params(params, ("model", "latency_ms"))
     model = params.get("model")
-    return load(
-        Path(model) if model else DEFAULT_MODEL_DIR,
-        float(params.get("latency_ms", 30.0)),
-        int(params.get("running_cap", 5)),
-    )
+    return load(Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)))
 
 
 def register_builtins(registry: Registry) -> None:

@@ -110,7 +110,6 @@ class QoSDRL:
         self,
         model_dir: Path = DEFAULT_MODEL_DIR,
         latency_ms: float = 30.0,
-        running_cap: int = 5,
         predictor: ScorePredictor | None = None,
     ) -> None:
         """The actor in `model_dir`, with the predictor beside or above it
@@ -126,7 +125,6 @@ class QoSDRL:
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]
         self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
-        self.running_cap = running_cap
         self._filters = (Healthy(), ServesModel(), Role())
         self._target(latency_ms)
 
@@ -139,13 +137,11 @@ class QoSDRL:
             token_target=self.latency,
         )
 
-    def with_latency(self, latency_ms: float, running_cap: int | None = None) -> QoSDRL:
-        """This policy for another latency target (and cap), sharing its ONNX sessions."""
+    def with_latency(self, latency_ms: float) -> QoSDRL:
+        """This policy for another latency target, sharing its ONNX sessions."""
         other = copy.copy(self)
         other._features = {}
         other._target(latency_ms)
-        if running_cap is not None:
-            other.running_cap = running_cap
         return other
 
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
@@ -196,7 +192,7 @@ class QoSDRL:
         obs = encode(
             req.prompt_tokens,
             preds,
-            [snapshot(b, view.stale_after, self.running_cap, self._features) for b in candidates],
+            [snapshot(b, view.stale_after, self._features) for b in candidates],
             self.latency,
             req.now,
         )
@@ -205,17 +201,15 @@ class QoSDRL:
         return candidates, preds, logits
 
 
-def load(
-    model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, running_cap: int = 5
-) -> QoSDRL:
+def load(model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0) -> QoSDRL:
     """The policy in `model_dir`, sharing the ONNX sessions of any earlier load of the
-    same files in this process: routes that differ only in their target or cap, and
+    same files in this process: routes that differ only in their target, and
     runs that share a predictor, load each graph once. Files changed since (a new
     mtime or size) are loaded anew."""
     folder = model_dir.resolve()
     predictor = load_predictor(predictor_dir(folder))
     shared = _loaded(folder, _stamps(folder, ("actor.onnx",)), predictor)
-    return shared.with_latency(latency_ms, running_cap)
+    return shared.with_latency(latency_ms)
 
 
 def load_predictor(folder: Path) -> ScorePredictor:

@@ -127,21 +127,19 @@ def _packed(b: BackendView, batch: int) -> np.ndarray:
 
 
 def snapshot(
-    b: BackendView,
-    stale_after: float,
-    running_cap: int = 5,
-    cache: FeatureCache | None = None,
+    b: BackendView, stale_after: float, cache: FeatureCache | None = None
 ) -> ExpertSnapshot:
     """One backend's state: its in-flight requests, oldest first, with their progress.
     The oldest are the running batch: as many as the engine reports running when its
-    figures are fresh, else up to the batch cap. `cache` keeps each backend's snapshot
-    while its view is the same object, and its rows while its requests are."""
+    figures are fresh, else up to the engine's batch cap (`max_batch`, its own
+    setting, as the simulator's experts have theirs). `cache` keeps each backend's
+    snapshot while its view is the same object, and its rows while its requests are."""
     found = cache.get(b.id) if cache is not None else None
     if found is not None and found.view is b:
         return found.snapshot
     fresh = b.stats_age <= stale_after
     count = len(b.requests)
-    batch = min(b.running if fresh else running_cap, running_cap, count)
+    batch = min(b.running if fresh else b.max_batch, b.max_batch, count)
     if (
         found is not None
         and found.requests is b.requests

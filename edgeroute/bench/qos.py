@@ -47,6 +47,7 @@ from edgeroute.sim.edge import (
     ServedPredictor,
     azure_arrivals,
     default_experts,
+    engine_experts,
     load_tasks,
 )
 from policies import PipelineSpec, build_pipeline
@@ -139,12 +140,16 @@ def main(
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
         held_out: bool = False,
+        engines: bool = False,
     ) -> EdgeEnv:
         """The k-th environment seed's episode: hardware seed 0 (no agent trained on
-        it) or the k-th held-out hardware; a trace is read from its k-th window."""
+        it), the k-th held-out hardware or the live run's six engines; a trace is read
+        from its k-th window."""
         hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out else 0
         return EdgeEnv(
-            default_experts(n, seed=hardware, models=QUALITY_MODELS[quality], fleet=fleet),
+            engine_experts(QUALITY_MODELS[quality])
+            if engines
+            else default_experts(n, seed=hardware, models=QUALITY_MODELS[quality], fleet=fleet),
             tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
@@ -160,6 +165,7 @@ def main(
         settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
         settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
         settings.append(("held-out hardware", {"held_out": True}))
+        settings.append(("live engines", {"engines": True}))
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []
     for label, kw in settings:
@@ -229,7 +235,9 @@ def main(
         f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
         "Hardware is seed 0 or, for `held-out hardware`, seeds "
-        f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on. The trace "
+        f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on; `live engines` "
+        "are the six engine profiles of `bench qos --live` (their own time constants, "
+        "batch caps and KV memory, whatever the fleet). The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "

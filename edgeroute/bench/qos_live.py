@@ -83,8 +83,16 @@ async def run_policy(
     # The gateway runs in its own process, on its own CPU: the emulated engines share
     # this event loop, and a policy's decisions must not stall them (engines on GPUs do
     # not wait for the router), which would make a costlier policy's world slower.
+    # Each backend's batch cap is its engine's, as an operator configures it (vLLM's
+    # --max-num-seqs): the QoS policy splits an engine's requests into running and
+    # waiting by it.
     backends = [
-        {"url": f"http://127.0.0.1:{w.config.port}", "id": w.config.profile} for w in workers
+        {
+            "url": f"http://127.0.0.1:{w.config.port}",
+            "id": w.config.profile,
+            "profile": {"max_batch": w.profile.max_batch},
+        }
+        for w in workers
     ]
     gateway = await asyncio.to_thread(
         start_gateway,

@@ -171,6 +171,31 @@ def default_experts(
     return experts
 
 
+# The live engines' waiting queue is unbounded; the simulator's needs a bound.
+ENGINE_WAITING_CAP = 1000
+
+
+def engine_experts(models: tuple[str, ...] = MODELS) -> list[EdgeExpert]:
+    """The six emulated engines of `bench qos --live` (`workers.profiles`) as the
+    simulator's experts, answering as `models` in turn as the live workers do: each
+    profile's own time constants, batch cap and KV memory. Hardware no agent trained
+    on, drawn by nobody: a check that the simulator ranks policies as the live run does."""
+    from workers.profiles import EXPERTS, PROFILES
+
+    return [
+        EdgeExpert(
+            models[i % len(models)],
+            base=p.base,
+            k1=p.k1,
+            k2=p.k2,
+            memory_tokens=p.kv_blocks * p.block_size,
+            running_cap=p.max_batch,
+            waiting_cap=ENGINE_WAITING_CAP,
+        )
+        for i, p in enumerate(PROFILES[name] for name in EXPERTS)
+    ]
+
+
 @dataclass(frozen=True)
 class Task:
     """One prompt and every model's real answer to it."""
@@ -819,8 +844,5 @@ def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
 def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
     """The features the gateway's `qos_drl` would build from `cluster_view`."""
     _, view = cluster_view(env, env.decisions)
-    experts = [
-        snapshot(b, view.stale_after, e.spec.running_cap)
-        for b, e in zip(view.backends, env.experts, strict=True)
-    ]
+    experts = [snapshot(b, view.stale_after) for b in view.backends]
     return encode(env.task.prompt_tokens, env.preds, experts, env.L, env.now, n_max)

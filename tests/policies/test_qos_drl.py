@@ -83,7 +83,7 @@ def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_on
 
 def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> None:
     """The gateway builds one policy per route: specs that differ only in their target
-    or cap share the sessions; changed files and other folders get their own."""
+    share the sessions; changed files and other folders get their own."""
     from policies import PipelineSpec, build_policy
     from policies.qos_drl import load
 
@@ -93,10 +93,10 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
         shutil.copy(DEFAULT_MODEL_DIR / name, folder / name)
     a = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=30.0))
     b = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=50.0))
-    c = load(folder, 30.0, running_cap=3)
+    c = load(folder, 30.0)
     assert isinstance(a, QoSDRL) and isinstance(b, QoSDRL)
     assert a._actor is b._actor is c._actor and a.predictor is b.predictor is c.predictor
-    assert (a.latency, b.latency, c.running_cap, a.running_cap) == (0.030, 0.050, 3, 5)
+    assert (a.latency, b.latency, c.latency) == (0.030, 0.050, 0.030)
     assert a._features is not b._features  # each route keeps its own feature cache
 
     lone = tmp_path / "lone"  # its own actor, and the predictor the gateway ships

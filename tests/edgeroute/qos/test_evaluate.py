@@ -13,6 +13,7 @@ from edgeroute.qos.evaluate import evaluate, served
 from edgeroute.sim.edge import (
     PREDICTOR_SHARE,
     EdgeEnv,
+    Fleet,
     ServedPredictor,
     cluster_view,
     default_experts,
@@ -47,17 +48,25 @@ def test_the_three_splits_part_the_prompts_and_the_predictor_never_sees_the_othe
     assert not in_split(next(iter(prompts["eval"])), "agent")
 
 
-@pytest.mark.parametrize("latency_ms", [30.0, 20.0])
+# Engines that batch far more than the paper's five (vLLM's own regime).
+BIG = Fleet(hardware_ms=(20.0, 40.0), running_cap=64, memory_tokens=40_000, waiting_cap=1000)
+
+
+@pytest.mark.parametrize(
+    ("latency_ms", "fleet", "rate"), [(30.0, Fleet(), 5.0), (20.0, Fleet(), 5.0), (30.0, BIG, 8.0)]
+)
 def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on(
-    latency_ms: float,
+    latency_ms: float, fleet: Fleet, rate: float
 ) -> None:
-    """The gateway's qos_drl, given the simulator as a ClusterView, picks what the
-    actor picks on the simulator's own features, decision by decision, at the default
-    latency target and another."""
+    """The gateway's qos_drl, given the simulator as a ClusterView, ranks the experts
+    as the actor does on the simulator's own features, decision by decision: at the
+    default latency target and another, and on engines whose batches pass five (the
+    served policy cuts each queue at the engine's own batch, as training does)."""
     policy = QoSDRL(latency_ms=latency_ms)
     env = EdgeEnv(
-        default_experts(6, 0),
+        default_experts(6, 0, fleet=fleet),
         load_tasks(DATA_DIR, split="eval"),
+        rate=rate,
         latency_req=latency_ms / 1000,
         episode_len=200,
         predictor=ServedPredictor(policy.predictor),
@@ -66,19 +75,21 @@ def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on(
     opts.intra_op_num_threads = 1
     actor = ort.InferenceSession(str(DEFAULT_MODEL_DIR / "actor.onnx"), opts)
     names = {i.name for i in actor.get_inputs()}
-    act = served(policy)
     env.reset(3)
-    done, i, busy = False, 0, 0
+    done, i, busy, batch = False, 0, 0, 0
     while not done:
         obs = env.observe()
-        direct = int(
-            np.argmax(actor.run(["logits"], {k: obs[k][None] for k in INPUTS if k in names})[0][0])
-        )
-        assert act(env, i) == direct, i
+        logits = actor.run(["logits"], {k: obs[k][None] for k in INPUTS if k in names})[0][0]
+        direct = int(np.argmax(logits))
+        ranked = [d.backend_id for d in policy.ranked(*cluster_view(env, i))]
+        order = np.argsort(-logits[1:], kind="stable").tolist()
+        assert ranked == ([None] if direct == 0 else [f"e{n}" for n in order]), i
         busy += int(obs["queue_mask"].sum() > 0)
+        batch = max(batch, *(len(e.running) for e in env.experts))
         _, done = env.step(direct)
         i += 1
     assert busy > 100  # the queues were not empty: the features were exercised
+    assert batch > 5 if fleet.running_cap > 5 else batch <= 5
 
 
 def test_a_policy_is_not_evaluated_at_a_latency_target_it_does_not_serve() -> None:
@@ -123,9 +134,23 @@ def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None
     assert (snap.running, snap.waiting) == (2, 5)
     running = queue_rows(snap, now=10.0)[0]
     assert np.array_equal(running[:, 5], np.float32([2.0, 1.8, 0, 0, 0]))  # the oldest two
-    unknown = BackendView(id="a", running=2, requests=reqs)  # never scraped: age infinite
+    unknown = BackendView(id="a", running=2, max_batch=5, requests=reqs)  # never scraped
     stale = snapshot(unknown, stale_after=5.0)
-    assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at the batch
+    assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at its batch cap
+    big = snapshot(BackendView(id="a", running=2, max_batch=256, requests=reqs), 5.0)
+    assert (big.running, big.waiting) == (7, 0)  # a big engine would run them all
+
+
+def test_a_big_engines_running_batch_is_its_own_not_the_papers() -> None:
+    """An engine reporting 12 running of 15 in flight: its batch is 12, whatever the
+    paper's edge experts (5) would run, so the rows past the 12th are the waiting ones."""
+    reqs = tuple(InflightRequest(100, float(t), 5) for t in range(15))
+    b = BackendView(id="a", running=12, waiting=3, max_batch=256, stats_age=0.0, requests=reqs)
+    snap = snapshot(b, stale_after=5.0)
+    assert (snap.running, snap.waiting) == (12, 3)
+    waiting = queue_rows(snap, now=20.0)[1]
+    # the waiting rows are the 13th-15th oldest (started at 12, 13, 14 s)
+    assert np.array_equal(waiting[:, 5], np.float32([1.6, 1.4, 1.2, 0, 0]))
 
 
 def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:

@@ -8,9 +8,11 @@ import random
 
 import pytest
 
-from edgeroute.sim.edge import EdgeExpert, Queued, Req, Task
+from edgeroute.sim.edge import EdgeExpert, Queued, Req, Task, engine_experts
 from edgeroute.sim.timeline import Job, finish_times
 from tests.edgeroute.sim.test_edge import MODEL, env_with
+from workers.engine import Engine, Sequence
+from workers.profiles import EXPERTS, PROFILES
 
 FAR = 1e6  # an arrival this late lets every request finish first
 
@@ -179,3 +181,53 @@ def test_a_hindsight_impact_waits_for_its_request_to_finish() -> None:
     assert not math.isfinite(first.done_at)
     with pytest.raises(ValueError, match="once it has finished"):
         env.hindsight_impact(first)
+
+
+def engine_finish_times(profile_name: str, jobs: list[Job]) -> dict[int, float]:
+    """The live workers' engine on `jobs`, all waiting at 0, stepped by hand on its own
+    clock (each iteration lasts what its profile charges for it)."""
+    profile = PROFILES[profile_name]
+    engine = Engine(profile)
+    seqs = [Sequence(str(j.key), j.prompt, j.length) for j in jobs]
+    for seq in seqs:
+        engine.submit(seq)
+    t, done = 0.0, {}
+    while engine.running or engine.waiting:
+        plan = engine.schedule()
+        t += profile.iteration_time(plan.prefill_tokens, plan.decode_context)
+        engine.complete(plan, t)
+        done.update({int(q.id): t for q in seqs if q.finished and int(q.id) not in done})
+    return done
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_live_engines_finish_when_the_simulator_says(seed: int) -> None:
+    """The same requests on one of `bench qos --live`'s engines and on that engine as the
+    simulator's expert (`engine_experts`): each finishes at the same instant, while no
+    iteration's prefill passes the engine's token budget and its KV cache is far from
+    full. The simulator's physics are the live engine's, not a model of the policy."""
+    rng = random.Random(seed)
+    i = rng.randrange(len(EXPERTS))
+    budget = PROFILES[EXPERTS[i]].max_batched_tokens
+    jobs, prompts = [], 0
+    while True:
+        prompt = rng.randint(20, 800)
+        if prompts + prompt > budget:
+            break
+        jobs.append(Job(len(jobs), prompt, 0, rng.randint(1, 300)))
+        prompts += prompt
+    want = finish_times(engine_experts()[i], [], [], jobs, 0.0, 0.0)
+    got = engine_finish_times(EXPERTS[i], jobs)
+    assert len(jobs) > 3 and got.keys() == want.keys()
+    assert all(math.isclose(got[k], want[k], rel_tol=1e-9) for k in want)
+
+
+def test_a_burst_past_the_prefill_budget_is_where_they_part() -> None:
+    """Twenty 1,000-token prompts at once: the engine admits them over three iterations
+    (8,192 prefill tokens each at most), the simulator in one. Its departure from the
+    live engine is there, and under bursts only."""
+    jobs = [Job(k, 1000, 0, 50) for k in range(20)]
+    want = finish_times(engine_experts()[0], [], [], jobs, 0.0, 0.0)
+    got = engine_finish_times(EXPERTS[0], jobs)
+    assert len(set(want.values())) == 1  # one batch, admitted together
+    assert len(set(got.values())) == 3  # admitted over three iterations
