@@ -22,11 +22,18 @@ def _fixed(plugin: object) -> Any:
 
 
 def _qos_drl(params: Mapping[str, Any]) -> Any:
-    from policies.qos_drl import DEFAULT_MODEL_DIR, load
+    from policies.predictor import DEFAULT_MODEL_DIR
+    from policies.qos_drl import load
 
     check_params(params, ("model", "latency_ms"))
     model = params.get("model")
     return load(Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)))
+
+
+def _predicted_quality(params: Mapping[str, Any]) -> Any:
+    from policies.predictor import predicted_quality
+
+    return predicted_quality(params)
 
 
 def register_builtins(registry: Registry) -> None:
@@ -61,4 +68,5 @@ def register_builtins(registry: Registry) -> None:
             "scorer", name, _fixed(netkv.NetKVCost(self_contention, congestion, name=name))
         )
 
+    registry.register("scorer", "predicted_quality", _predicted_quality)
     registry.register("policy", "qos_drl", _qos_drl)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,84 +21,19 @@ import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
 from policies.plugins import Need
+from policies.predictor import (
+    DEFAULT_MODEL_DIR,
+    LOADED_CAP,
+    ScorePredictor,
+    Stamps,
+    file_stamps,
+    load_predictor,
+    predictor_dir,
+)
 from policies.qos_state import INPUTS, FeatureCache, encode, snapshot
-from policies.qos_text import gram_ids
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
-BUCKETS = 10
-MAX_TOKENS = 300.0
-# Bucket midpoints: the values the features carry for a predicted bucket.
-_SCORE_MID = [(b + 0.5) / BUCKETS for b in range(BUCKETS)]
-_LENGTH_MID = [(b + 0.5) * MAX_TOKENS / BUCKETS for b in range(BUCKETS)]
 NO_BACKEND = Decision(None, reason="no backend passed the filters")
-
-
-class ScorePredictor:
-    """The bucketised score and length predictor (ONNX): one run per request, for every
-    candidate at once. The gateway's `qos_drl` and the edge simulator use this one."""
-
-    def __init__(self, model_dir: Path = DEFAULT_MODEL_DIR) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        self._session = ort.InferenceSession(
-            str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
-        )
-        self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
-        self._index: dict[tuple[str, ...], int] = {}
-        self._rows: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
-
-    def index(self, names: Sequence[str]) -> int:
-        """The predictor's index of a model (by name or suffix); 0 when unknown. Kept
-        per name list: it is asked for every backend of every request."""
-        key = tuple(names)
-        found = self._index.get(key)
-        if found is None:
-            found = self._index[key] = self._match(key)
-        return found
-
-    def _match(self, names: Sequence[str]) -> int:
-        for name in names:
-            for i, m in enumerate(self.models):
-                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
-                    return i
-        return 0
-
-    def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
-        """(score, length) bucket midpoints of `prompt` on each expert index: one run
-        for the request, which pools the prompt once, and one row per distinct expert
-        (backends often share a model)."""
-        key = tuple(experts)
-        rows = self._rows.get(key)
-        if rows is None:
-            if len(self._rows) >= 256:  # candidate sets come and go with health
-                self._rows.clear()
-            unique = list(dict.fromkeys(experts))
-            where = [unique.index(e) for e in experts]
-            rows = self._rows[key] = (np.array(unique, np.int64), where)
-        ids = gram_ids(prompt)
-        if not len(ids):
-            ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
-        score, length = self._session.run(None, {"ids": ids[None], "expert": rows[0]})
-        per_row = [
-            (_SCORE_MID[a], _LENGTH_MID[b])
-            for a, b in zip(score.argmax(-1).tolist(), length.argmax(-1).tolist(), strict=True)
-        ]
-        return [per_row[i] for i in rows[1]]
-
-
-def predictor_dir(model_dir: Path) -> Path:
-    """Where the predictor of the actor in `model_dir` is: beside it, else in the
-    nearest folder above that has one (a run in `<world>/runs/<run>/` or
-    `<world>/attempts/<set>/<run>/` trained with `<world>`'s), else the one the
-    gateway ships."""
-    model_dir = model_dir.resolve()
-    for folder in (model_dir, *model_dir.parents):
-        if (folder / "predictor.onnx").exists():
-            return folder
-    return DEFAULT_MODEL_DIR
 
 
 class QoSDRL:
@@ -124,7 +58,6 @@ class QoSDRL:
         self._features: FeatureCache = {}
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]
-        self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
         self._filters = (Healthy(), ServesModel(), Role())
         self._target(latency_ms)
 
@@ -145,15 +78,7 @@ class QoSDRL:
         return other
 
     def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
-        return self.predictor.predict(prompt, [self._expert(b) for b in backends])
-
-    def _expert(self, b: BackendView) -> int:
-        key = (b.expert, b.models)
-        found = self._experts.get(key)
-        if found is None:
-            names = [b.expert] if b.expert else sorted(b.models)
-            found = self._experts[key] = self.predictor.index(names)
-        return found
+        return self.predictor.predict_for(prompt, backends)
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
         scored = self._scored(req, view)
@@ -208,37 +133,10 @@ def load(model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0) -> QoSDR
     mtime or size) are loaded anew."""
     folder = model_dir.resolve()
     predictor = load_predictor(predictor_dir(folder))
-    shared = _loaded(folder, _stamps(folder, ("actor.onnx",)), predictor)
+    shared = _loaded(folder, file_stamps(folder, ("actor.onnx",)), predictor)
     return shared.with_latency(latency_ms)
 
 
-def load_predictor(folder: Path) -> ScorePredictor:
-    """The predictor in `folder`, one session per process while its files are unchanged."""
-    folder = folder.resolve()
-    return _predictor(folder, _stamps(folder, ("predictor.onnx", "predictor.json")))
-
-
-_LOADED_CAP = 16  # folders kept loaded; a gateway serves a handful
-_Stamps = tuple[tuple[int, int], ...]
-
-
-def _stamps(folder: Path, names: Sequence[str]) -> _Stamps:
-    out = []
-    for name in names:
-        try:
-            st = (folder / name).stat()
-        except OSError:
-            out.append((-1, -1))  # loading then raises the policy's own error
-        else:
-            out.append((st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=_LOADED_CAP)
-def _loaded(model_dir: Path, actor: _Stamps, predictor: ScorePredictor) -> QoSDRL:
+@functools.lru_cache(maxsize=LOADED_CAP)
+def _loaded(model_dir: Path, actor: Stamps, predictor: ScorePredictor) -> QoSDRL:
     return QoSDRL(model_dir, predictor=predictor)
-
-
-@functools.lru_cache(maxsize=_LOADED_CAP)
-def _predictor(folder: Path, files: _Stamps) -> ScorePredictor:
-    return ScorePredictor(folder)

@@ -66,6 +66,8 @@ PRESETS: dict[str, Preset] = {
     "cla": Preset({"prefix_cache": 0.5, "load": 0.5}),
     # Prism: local expert coverage of the request's class first, queue length second.
     "prism": Preset({"expert_map": 1.0, "load": 0.3}),
+    # The QoS papers' BERT-router (BR): the model predicted to answer best, load aside.
+    "best_predicted": Preset({"predicted_quality": 1.0}),
     # Decode-instance selection for disaggregated serving (NetKV's baselines and ladder).
     "decode_rr": Preset({}, "round_robin", DECODE_FILTERS),
     "decode_la": Preset({"load": 1.0}, filters=DECODE_FILTERS),

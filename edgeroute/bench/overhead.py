@@ -285,7 +285,7 @@ async def measure_full(port: int, seconds: float) -> dict[str, float]:
 def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[dict[str, Any]]:
     """`targets` behind the gateway, one at a time per round, on `FULL_BACKENDS`
     backends that hold every answer; medians over rounds."""
-    from policies.qos_drl import DEFAULT_MODEL_DIR
+    from policies.predictor import DEFAULT_MODEL_DIR
 
     models = json.loads((DEFAULT_MODEL_DIR / "predictor.json").read_text())["models"]
     port = 18620

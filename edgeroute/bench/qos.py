@@ -30,6 +30,7 @@ from edgeroute.qos.config import (
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
+    best_predicted,
     quality_dir,
     quality_flag,
     quality_suffix,
@@ -51,7 +52,8 @@ from edgeroute.sim.edge import (
     load_tasks,
 )
 from policies import PipelineSpec, build_pipeline
-from policies.qos_drl import QoSDRL, load, load_predictor, predictor_dir
+from policies.predictor import load_predictor, predictor_dir
+from policies.qos_drl import QoSDRL, load
 
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
@@ -113,7 +115,10 @@ def main(
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     result_name, model_flags = agents_named(base, models)
     models = models or trained_runs(quality)
-    heuristics: dict[str, Policy] = dict(BASELINES)
+    heuristics: dict[str, Policy] = {
+        "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
+        **BASELINES,
+    }
     heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
     fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})

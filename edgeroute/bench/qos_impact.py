@@ -38,7 +38,8 @@ from edgeroute.sim.edge import (
     default_experts,
     load_tasks,
 )
-from policies.qos_drl import load, load_predictor
+from policies.predictor import load_predictor
+from policies.qos_drl import load
 
 ESTIMATORS: tuple[Impact, ...] = ("reached", "pushed")
 

@@ -25,12 +25,18 @@ import httpx
 from edgeroute.bench.live import free_ports, gateway_clock
 from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
 from edgeroute.bench.stats import shown
-from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_flag, quality_suffix
+from edgeroute.qos.config import (
+    DEFAULT_LATENCY_MS,
+    DEFAULT_RATE,
+    best_predicted,
+    quality_flag,
+    quality_suffix,
+)
 from edgeroute.results_io import write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
-from workers.profiles import EXPERTS
+from workers.profiles import EXPERTS, PROFILES
 from workers.server import Worker, WorkerConfig
 
 ALIAS = "edge"
@@ -60,13 +66,16 @@ async def run_policy(
     the same hardware, answering as RouterDC's models in turn (and named after them,
     as the predictor knows them). `max_batch`: each engine runs at most that many
     requests at once (the paper's edge experts: 5), else its profile's limit."""
+    # Each worker serves its model under that model's full name, as a vLLM server does,
+    # so that the gateway's predictor knows it (some profile names are shortened).
     answers = QUALITY_MODELS[quality] if quality != "routerbench" else (None,) * len(EXPERTS)
+    names = [a or PROFILES[p].data_model or p for p, a in zip(EXPERTS, answers, strict=False)]
     port, *worker_ports = free_ports(1 + len(EXPERTS))
     workers = [
         Worker(
             WorkerConfig(
                 profile=p,
-                served_model_names=[a or p, ALIAS],
+                served_model_names=[names[i], ALIAS],
                 answers_as=a,
                 port=worker_ports[i],
                 speedup=speedup,
@@ -195,7 +204,8 @@ def main(
     scrape_ms: float | None = None,
     max_batch: int | None = None,
 ) -> None:
-    """RR, least-load (the engines' own queues: SQF) and each agent, on the same
+    """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
+    world's predictor) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
     (modulo its number of runs). `max_batch`: see `run_policy`."""
     from edgeroute.bench.qos import trained_runs
@@ -216,6 +226,7 @@ def main(
         specs: dict[str, dict[str, Any]] = {
             "RR": {"policy": "round_robin"},
             "least_load": {"policy": "least_load"},
+            "BR": best_predicted(quality),  # load aside
         }
         for name, runs in models.items():
             spec = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}

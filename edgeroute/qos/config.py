@@ -30,6 +30,17 @@ def quality_dir(quality: str) -> Path:
     return MODEL_ROOT if quality == QUALITIES[0] else MODEL_ROOT / quality
 
 
+def best_predicted(quality: str) -> dict[str, Any]:
+    """The routing spec of BR (the QoS papers' BERT-router baseline) in `quality`'s
+    world: the gateway's `best_predicted` preset with that world's predictor. The
+    simulator and the live run both route by it."""
+    model = str(quality_dir(quality))
+    return {
+        "policy": "best_predicted",
+        "scorers": [{"type": "predicted_quality", "params": {"model": model}}],
+    }
+
+
 def quality_suffix(quality: str) -> str:
     """What a results file's name takes for `quality`: nothing for the default."""
     return "" if quality == QUALITIES[0] else f"_{quality}"

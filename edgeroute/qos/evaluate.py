@@ -67,13 +67,9 @@ def shortest_queue_by(score: Callable[[EdgeEnv, int], float]) -> Policy:
     return act
 
 
-def bert_router(env: EdgeEnv, i: int) -> int:
-    """The papers' BERT-router baseline: the expert with the best predicted score."""
-    return 1 + max(range(env.n), key=lambda n: env.preds[n][0])
-
-
+# BR, the papers' BERT-router, is the gateway's `best_predicted` preset with the world's
+# predictor (`edgeroute.qos.config.best_predicted`), driven through `served`.
 BASELINES: dict[str, Policy] = {
-    "BR": bert_router,
     "RR": round_robin,
     "SQF": shortest_queue,
     # ties broken by the served predictor's score: quality-aware, as cheap as SQF

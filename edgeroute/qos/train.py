@@ -51,7 +51,7 @@ from edgeroute.sim.edge import (
     default_experts,
     load_tasks,
 )
-from policies.qos_drl import ScorePredictor
+from policies.predictor import ScorePredictor
 
 Obs = dict[str, np.ndarray]
 PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation and checkpoints")

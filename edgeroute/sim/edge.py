@@ -35,7 +35,7 @@ from policies.types import BackendView, ClusterView, InflightRequest, RequestInf
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
 if TYPE_CHECKING:
-    from policies.qos_drl import ScorePredictor
+    from policies.predictor import ScorePredictor
 
 BUCKETS = 10
 MAX_TOKENS = 300  # the paper's generation limit
@@ -324,7 +324,7 @@ class NoisyOracle:
 
 class ServedPredictor:
     """The predictions the gateway really makes: its own ONNX predictor run on the
-    prompt (`policies.qos_drl.ScorePredictor`), not the truth with noise. One run per
+    prompt (`policies.predictor.ScorePredictor`), not the truth with noise. One run per
     prompt covers every model; the result is kept."""
 
     def __init__(self, predictor: ScorePredictor) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL, ScorePredictor
+from policies.predictor import DEFAULT_MODEL_DIR, ScorePredictor
+from policies.qos_drl import QoSDRL
 
 
 def test_backends_sharing_a_model_share_one_prediction_row() -> None:

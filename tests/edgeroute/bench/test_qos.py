@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgeroute.bench.qos import agents_named, main, scrape_named
-from policies.qos_drl import DEFAULT_MODEL_DIR
+from policies.predictor import DEFAULT_MODEL_DIR
 from tests.support import DATA_DIR, needs_data
 
 

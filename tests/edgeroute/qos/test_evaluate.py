@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from edgeroute.qos.config import best_predicted
 from edgeroute.qos.evaluate import evaluate, served
 from edgeroute.sim.edge import (
     PREDICTOR_SHARE,
@@ -21,7 +22,9 @@ from edgeroute.sim.edge import (
     load_tasks,
     prompt_share,
 )
-from policies.qos_drl import DEFAULT_MODEL_DIR, QoSDRL
+from policies import PipelineSpec, build_pipeline
+from policies.predictor import DEFAULT_MODEL_DIR
+from policies.qos_drl import QoSDRL
 from policies.qos_state import (
     FEATURE_CACHE_CAP,
     INPUTS,
@@ -182,3 +185,29 @@ def test_the_feature_cache_does_not_keep_backends_that_are_gone() -> None:
     b = BackendView(id="stays", stats_age=0.0)
     first = snapshot(b, stale_after=5.0, cache=cache)
     assert snapshot(b, stale_after=5.0, cache=cache) is first
+
+
+def test_br_is_the_gateways_preset_and_breaks_ties_at_random() -> None:
+    """BR in the simulator is the gateway's `best_predicted` with the world's predictor:
+    each request goes to an expert of the best predicted score, and among tied ones
+    to any of them (the first one of the list would favour one hardware draw)."""
+    policy = QoSDRL()
+    env = EdgeEnv(
+        default_experts(6, 0),
+        load_tasks(DATA_DIR, split="eval"),
+        episode_len=100,
+        predictor=ServedPredictor(policy.predictor),
+    )
+    br = served(build_pipeline(PipelineSpec(**best_predicted("routerbench"))))
+    env.reset(2)
+    done, i, tied_picks = False, 0, set()
+    while not done:
+        scores = [s for s, _ in env.preds]
+        best = [n for n, s in enumerate(scores) if s == max(scores)]
+        action = br(env, i)
+        assert action - 1 in best, i
+        if len(best) > 1:
+            tied_picks.add((tuple(best), action - 1))
+        _, done = env.step(action)
+        i += 1
+    assert len({n for _, n in tied_picks}) > 1

@@ -1,0 +1,168 @@
+"""The QoS predictor as served: each model's bucketised score and output length for a
+prompt (ONNX, one run per request), and `predicted_quality`, the scorer that routes by
+it alone: the QoS papers' BERT-router baseline (BR), or quality beside load when
+weighted with `load`.
+
+It needs onnxruntime and the committed model files, not PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies.plugins import check_params
+from policies.qos_text import gram_ids
+from policies.types import BackendView, ClusterView, RequestInfo
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
+BUCKETS = 10
+MAX_TOKENS = 300.0
+# Bucket midpoints: the values the features carry for a predicted bucket.
+_SCORE_MID = [(b + 0.5) / BUCKETS for b in range(BUCKETS)]
+_LENGTH_MID = [(b + 0.5) * MAX_TOKENS / BUCKETS for b in range(BUCKETS)]
+
+
+class ScorePredictor:
+    """The bucketised score and length predictor (ONNX): one run per request, for every
+    candidate at once. The gateway's `qos_drl` and `predicted_quality`, and the edge
+    simulator, use this one."""
+
+    def __init__(self, model_dir: Path = DEFAULT_MODEL_DIR) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
+        )
+        self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
+        self._index: dict[tuple[str, ...], int] = {}
+        self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
+        self._rows: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
+
+    def index(self, names: Sequence[str]) -> int:
+        """The predictor's index of a model (by name or suffix); 0 when unknown. Kept
+        per name list: it is asked for every backend of every request."""
+        key = tuple(names)
+        found = self._index.get(key)
+        if found is None:
+            found = self._index[key] = self._match(key)
+        return found
+
+    def expert_of(self, b: BackendView) -> int:
+        """The predictor's index of the model a backend serves: its expert name when it
+        has one, else its served model names."""
+        key = (b.expert, b.models)
+        found = self._experts.get(key)
+        if found is None:
+            names = [b.expert] if b.expert else sorted(b.models)
+            found = self._experts[key] = self.index(names)
+        return found
+
+    def predict_for(
+        self, prompt: str, backends: Sequence[BackendView]
+    ) -> list[tuple[float, float]]:
+        """`predict` on the models the backends serve."""
+        return self.predict(prompt, [self.expert_of(b) for b in backends])
+
+    def _match(self, names: Sequence[str]) -> int:
+        for name in names:
+            for i, m in enumerate(self.models):
+                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
+                    return i
+        return 0
+
+    def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
+        """(score, length) bucket midpoints of `prompt` on each expert index: one run
+        for the request, which pools the prompt once, and one row per distinct expert
+        (backends often share a model)."""
+        key = tuple(experts)
+        rows = self._rows.get(key)
+        if rows is None:
+            if len(self._rows) >= 256:  # candidate sets come and go with health
+                self._rows.clear()
+            unique = list(dict.fromkeys(experts))
+            where = [unique.index(e) for e in experts]
+            rows = self._rows[key] = (np.array(unique, np.int64), where)
+        ids = gram_ids(prompt)
+        if not len(ids):
+            ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
+        score, length = self._session.run(None, {"ids": ids[None], "expert": rows[0]})
+        per_row = [
+            (_SCORE_MID[a], _LENGTH_MID[b])
+            for a, b in zip(score.argmax(-1).tolist(), length.argmax(-1).tolist(), strict=True)
+        ]
+        return [per_row[i] for i in rows[1]]
+
+
+def predictor_dir(model_dir: Path) -> Path:
+    """Where the predictor of the actor in `model_dir` is: beside it, else in the
+    nearest folder above that has one (a run in `<world>/runs/<run>/` or
+    `<world>/attempts/<set>/<run>/` trained with `<world>`'s), else the one the
+    gateway ships."""
+    model_dir = model_dir.resolve()
+    for folder in (model_dir, *model_dir.parents):
+        if (folder / "predictor.onnx").exists():
+            return folder
+    return DEFAULT_MODEL_DIR
+
+
+class PredictedQuality:
+    """Each candidate's predicted score of the request on its model (the bucket
+    midpoint, in [0, 1]). With `argmax` alone it sends every request to the model
+    expected to answer it best, whatever the load (the QoS papers' BR baseline)."""
+
+    name = "predicted_quality"
+
+    def __init__(self, predictor: ScorePredictor) -> None:
+        self.predictor = predictor
+
+    def score(
+        self, req: RequestInfo, view: ClusterView, candidates: Sequence[BackendView]
+    ) -> list[float]:
+        if not candidates:
+            return []
+        return [score for score, _ in self.predictor.predict_for(req.prompt, candidates)]
+
+
+def predicted_quality(params: Mapping[str, Any]) -> PredictedQuality:
+    """The scorer with the predictor in `params["model"]` (a folder, or one inside a
+    world whose folder has it: see `predictor_dir`), else the one the gateway ships."""
+    check_params(params, ("model",))
+    model = params.get("model")
+    folder = predictor_dir(Path(model)) if model else DEFAULT_MODEL_DIR
+    return PredictedQuality(load_predictor(folder))
+
+
+def load_predictor(folder: Path) -> ScorePredictor:
+    """The predictor in `folder`, one session per process while its files are unchanged."""
+    folder = folder.resolve()
+    return _predictor(folder, file_stamps(folder, ("predictor.onnx", "predictor.json")))
+
+
+LOADED_CAP = 16  # folders kept loaded; a gateway serves a handful
+Stamps = tuple[tuple[int, int], ...]
+
+
+def file_stamps(folder: Path, names: Sequence[str]) -> Stamps:
+    """Each file's (mtime, size): a cache key that changes when the files do."""
+    out = []
+    for name in names:
+        try:
+            st = (folder / name).stat()
+        except OSError:
+            out.append((-1, -1))  # loading then raises the policy's own error
+        else:
+            out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=LOADED_CAP)
+def _predictor(folder: Path, files: Stamps) -> ScorePredictor:
+    return ScorePredictor(folder)

@@ -1,0 +1,62 @@
+"""The served predictor as a scorer: `predicted_quality`, and the `best_predicted`
+preset (the QoS papers' BR baseline) built on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import PipelineSpec, build_pipeline
+from policies.plugins import PluginError
+from policies.predictor import DEFAULT_MODEL_DIR, ScorePredictor, load_predictor
+from policies.types import BackendView, ClusterView, RequestInfo
+
+PROMPT = "Write a python function to count the pairs in a list whose sum equals a target."
+
+
+def fleet(predictor: ScorePredictor, n: int = 6) -> ClusterView:
+    return ClusterView(
+        tuple(
+            BackendView(id=f"b{i}", models=frozenset({"edge"}), expert=m)
+            for i, m in enumerate(predictor.models[:n])
+        )
+    )
+
+
+def test_the_score_is_the_predicted_score_of_the_backends_model() -> None:
+    predictor = load_predictor(DEFAULT_MODEL_DIR)
+    view = fleet(predictor)
+    pipeline = build_pipeline(PipelineSpec(policy="best_predicted"))
+    req = RequestInfo("edge", 20, prompt=PROMPT)
+    scores = pipeline.scorers[0][0].score(req, view, view.backends)
+    want = [s for s, _ in predictor.predict(PROMPT, list(range(6)))]
+    assert scores == want and len(set(scores)) > 1  # the models differ on this prompt
+    best = {f"b{i}" for i, s in enumerate(scores) if s == max(scores)}
+    picked = {
+        pipeline.decide(RequestInfo("edge", 20, prompt=PROMPT, entropy=e), view).backend_id
+        for e in range(40)
+    }
+    assert picked == best  # every best one in turn (ties at random), no other
+
+
+def test_a_world_folder_brings_its_own_predictor() -> None:
+    spec = PipelineSpec(
+        policy="best_predicted",
+        scorers=[
+            {"type": "predicted_quality", "params": {"model": str(DEFAULT_MODEL_DIR / "routerdc")}}
+        ],
+    )
+    scorer = build_pipeline(spec).scorers[0][0]
+    assert scorer.predictor.models == load_predictor(DEFAULT_MODEL_DIR / "routerdc").models
+    assert scorer.predictor.models != load_predictor(DEFAULT_MODEL_DIR).models
+    with pytest.raises((PluginError, ValueError), match="latency_ms"):
+        build_pipeline(
+            PipelineSpec(
+                policy="best_predicted",
+                scorers=[{"type": "predicted_quality", "params": {"latency_ms": 30}}],
+            )
+        )
+
+
+def test_no_candidates_no_scores() -> None:
+    scorer = build_pipeline(PipelineSpec(policy="best_predicted")).scorers[0][0]
+    assert scorer.score(RequestInfo("edge", 1, prompt=PROMPT), ClusterView(()), ()) == []
