@@ -42,22 +42,22 @@ class ScorePredictor:
             str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
         )
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
-        self._index: dict[tuple[str, ...], int] = {}
         self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
         self._rows: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
 
     def index(self, names: Sequence[str]) -> int:
-        """The predictor's index of a model (by name or suffix); 0 when unknown. Kept
-        per name list: it is asked for every backend of every request."""
-        key = tuple(names)
-        found = self._index.get(key)
-        if found is None:
-            found = self._index[key] = self._match(key)
-        return found
+        """The predictor's index of the first of `names` it knows (by name or suffix);
+        0 when it knows none."""
+        for name in names:
+            for i, m in enumerate(self.models):
+                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
+                    return i
+        return 0
 
     def expert_of(self, b: BackendView) -> int:
         """The predictor's index of the model a backend serves: its expert name when it
-        has one, else its served model names."""
+        has one, else its served model names. Kept per (expert, models): it is asked
+        for every backend of every request."""
         key = (b.expert, b.models)
         found = self._experts.get(key)
         if found is None:
@@ -70,13 +70,6 @@ class ScorePredictor:
     ) -> list[tuple[float, float]]:
         """`predict` on the models the backends serve."""
         return self.predict(prompt, [self.expert_of(b) for b in backends])
-
-    def _match(self, names: Sequence[str]) -> int:
-        for name in names:
-            for i, m in enumerate(self.models):
-                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
-                    return i
-        return 0
 
     def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
         """(score, length) bucket midpoints of `prompt` on each expert index: one run

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +76,6 @@ class QoSDRL:
         other._target(latency_ms)
         return other
 
-    def predict(self, prompt: str, backends: Sequence[BackendView]) -> list[tuple[float, float]]:
-        return self.predictor.predict_for(prompt, backends)
-
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
         scored = self._scored(req, view)
         if scored is None:
@@ -113,7 +109,7 @@ class QoSDRL:
         candidates = [b for b in view.backends if all(f.keep(req, view, b) for f in self._filters)]
         if not candidates:
             return None
-        preds = self.predict(req.prompt, candidates)
+        preds = self.predictor.predict_for(req.prompt, candidates)
         obs = encode(
             req.prompt_tokens,
             preds,

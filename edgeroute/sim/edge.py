@@ -32,6 +32,7 @@ import numpy as np
 from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
+from workers.profiles import EXPERTS, PROFILES
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
 if TYPE_CHECKING:
@@ -180,8 +181,6 @@ def engine_experts(models: tuple[str, ...] = MODELS) -> list[EdgeExpert]:
     simulator's experts, answering as `models` in turn as the live workers do: each
     profile's own time constants, batch cap and KV memory. Hardware no agent trained
     on, drawn by nobody: a check that the simulator ranks policies as the live run does."""
-    from workers.profiles import EXPERTS, PROFILES
-
     return [
         EdgeExpert(
             models[i % len(models)],
