@@ -86,11 +86,8 @@ class ScorePredictor:
         ids = gram_ids(prompt)
         if not len(ids):
             ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
-        score, length = self._session.run(None, {"ids": ids[None], "expert": rows[0]})
-        per_row = [
-            (_SCORE_MID[a], _LENGTH_MID[b])
-            for a, b in zip(score.argmax(-1).tolist(), length.argmax(-1).tolist(), strict=True)
-        ]
+        buckets = self._session.run(None, {"ids": ids[None], "expert": rows[0]})[0]
+        per_row = [(_SCORE_MID[a], _LENGTH_MID[b]) for a, b in buckets.tolist()]
         return [per_row[i] for i in rows[1]]
 
 

@@ -7,7 +7,8 @@ request node hears its own expert), then semantic-level attention that weighs th
 relations. The paper uses 2 layers, 4 heads and hidden 64; the trainer's defaults
 (`edgeroute.qos.config.SACConfig`) are 1 layer, 2 heads and hidden 32, for the serving
 budget and the training speed (see `docs/research.md`). Everything is dense, padded tensors with masks, so
-the graph exports to ONNX.
+the batch trains in one pass (the served ONNX graph is written from these weights by
+`edgeroute.qos.export`).
 
 Heads are pointer-style: expert n's logit (or Q-value) is read from the pair
 (arrived embedding, expert n's embedding), and `drop` from the arrived embedding, so
@@ -78,18 +79,11 @@ def queue_attention(
         wk, bk = w_e @ wk, b_e @ wk + bk
         wv, bv = w_e @ wv, b_e @ wv + bv
     first = relations[0]
-    if torch.onnx.is_in_onnx_export():
-        # onnxruntime runs broadcast MatMuls faster than Einsum here (75 against 79 us
-        # for the actor at N=12) ...
-        q = target[:, :, None, None, :] @ wq + bq[:, None, :]  # [B, N, R, 1, H]
-        keys = queues @ wk + bk[:, None, :]  # [B, N, R, K, H]
-        values = queues @ wv + bv[:, None, :]
-    else:
-        # ... and autograd einsum twice as fast as broadcast products (each relation's
-        # weights stay one matrix instead of being expanded per expert).
-        q = (torch.einsum("bnh,rhg->bnrg", target, wq) + bq).unsqueeze(-2)
-        keys = torch.einsum("bnrkd,rdh->bnrkh", queues, wk) + bk[:, None, :]
-        values = torch.einsum("bnrkd,rdh->bnrkh", queues, wv) + bv[:, None, :]
+    # einsum keeps each relation's weights one matrix instead of expanding them per
+    # expert (twice as fast under autograd as broadcast products)
+    q = (torch.einsum("bnh,rhg->bnrg", target, wq) + bq).unsqueeze(-2)
+    keys = torch.einsum("bnrkd,rdh->bnrkh", queues, wk) + bk[:, None, :]
+    values = torch.einsum("bnrkd,rdh->bnrkh", queues, wv) + bv[:, None, :]
     m = mask.unsqueeze(-1)  # [B, N, R, K, 1]
     scores = (q * keys) @ first.scaled + (1.0 - m) * NEG
     attn = torch.softmax(scores, dim=-2) * m  # [B, N, R, K, heads]

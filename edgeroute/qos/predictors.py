@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from edgeroute.qos.config import quality_flag, quality_suffix
+from edgeroute.qos.onnx_graph import INT64, Graph, linear, parameters, weights
 from edgeroute.sim.edge import (
     BUCKETS,
     MAX_TOKENS,
@@ -28,7 +29,7 @@ from edgeroute.sim.edge import (
     in_split,
     load_tasks,
 )
-from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
+from policies.qos_text import VOCAB, hashed_ids
 from workers.quality import iter_samples
 
 
@@ -97,41 +98,54 @@ class Predictor(nn.Module):
         return self.score(h), self.length(h)
 
 
-class PerRequest(nn.Module):
-    """The predictor as served: one prompt's ids [1, T] and the experts [E] to predict
-    it on. The text is pooled once and the body runs once per expert, where a batch of
-    (prompt, expert) rows would pool the same text E times."""
-
-    def __init__(self, net: Predictor) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, ids: Tensor, expert: Tensor) -> tuple[Tensor, Tensor]:
-        vec = self.net.pool(ids)  # [1, D]
-        return self.net.heads(vec.expand(expert.shape[0], -1), expert)
-
-
 def export_predictor(net: Predictor, path: Path) -> None:
-    """`net` as the gateway runs it (`PerRequest`): inputs `ids` [1, T] (T <= MAX_IDS;
-    padding may be left off) and `expert` [E], outputs score and length logits
-    [E, BUCKETS]."""
-    net.eval()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(
-        PerRequest(net),
-        (torch.zeros(1, MAX_IDS, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)),
-        str(path),
-        input_names=["ids", "expert"],
-        output_names=["score_logits", "length_logits"],
-        dynamic_axes={
-            "ids": {1: "ids"},
-            "expert": {0: "experts"},
-            "score_logits": {0: "experts"},
-            "length_logits": {0: "experts"},
-        },
-        opset_version=17,
-        dynamo=False,
+    """`net` as the gateway runs it, one request at a time: inputs `ids` [1, T] (the
+    prompt's `gram_ids`, unpadded; an empty prompt is the one padding id 0) and
+    `expert` [E], output `buckets` [E, 2] (the most likely score and length bucket on
+    each expert). The text is pooled once, and the expert embedding's part of the first
+    layer is one row per expert, looked up (`edgeroute.qos.onnx_graph`)."""
+    if net.embed is None:
+        raise ValueError("only the hashed bag of words is served")
+    w = weights(net)
+    embed = w["embed.weight"].copy()
+    embed[0] = 0.0  # the padding id (nn.Embedding keeps it 0): pools to nothing
+    w0, b0 = linear(w, "body.0")
+    text_dim = embed.shape[1]
+    g = Graph()
+    pooled = g.op(
+        "ReduceMean", g.op("Gather", g.const("embed", embed), "ids"), axes=[1], keepdims=0
     )
+    per_expert = g.op(
+        "Gather", g.const("expert_rows", w["expert.weight"] @ w0[text_dim:] + b0), "expert"
+    )
+    h = g.op(
+        "Relu", g.op("Add", g.op("Gemm", pooled, g.const("text_rows", w0[:text_dim])), per_expert)
+    )
+    w2, b2 = linear(w, "body.2")
+    h = g.op("Relu", g.op("Gemm", h, g.const("body2", w2), g.const("body2_bias", b2)))
+    (ws, bs), (wl, bl) = linear(w, "score"), linear(w, "length")
+    logits = g.op(
+        "Gemm",
+        h,
+        g.const("heads", np.hstack([ws, wl])),
+        g.const("heads_bias", np.concatenate([bs, bl])),
+    )
+    both = g.op("Reshape", logits, g.const("heads_shape", [0, 2, BUCKETS]))
+    g.save(
+        path,
+        "qos_predictor",
+        {"ids": (INT64, [1, "ids"]), "expert": (INT64, ["experts"])},
+        {"buckets": (g.op("ArgMax", both, axis=-1, keepdims=0), INT64, ["experts", 2])},
+        w,
+    )
+
+
+def load_predictor_net(path: Path) -> Predictor:
+    """A served predictor's weights back in PyTorch (see `export_predictor`)."""
+    w = parameters(path)
+    net = Predictor(w["expert.weight"].shape[0], w["embed.weight"].shape[1])
+    net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in w.items()})
+    return net
 
 
 def text_features(texts: list[str], encoder: str) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import filecmp
 import json
 import typing
 from dataclasses import asdict, replace
@@ -23,6 +24,7 @@ from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, train
 from edgeroute.sim.edge import Fleet, Quality
+from policies.predictor import DEFAULT_MODEL_DIR
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
@@ -69,6 +71,29 @@ def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str)
     net = QoSNet(encoder)
     export_actor(net, tmp_path / "actor.onnx")
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_written_graph_is_the_module_with_the_papers_two_layers_too(
+    tmp_path: Path, layers: int
+) -> None:
+    """The served graph folds projections into one another: every fold must hold with
+    a second layer (its queues are embeddings, not features) and 4 heads as well."""
+    torch.manual_seed(layers)
+    net = QoSNet("han", 64, 4, layers)
+    export_actor(net, tmp_path / "actor.onnx")
+    assert parity(net, tmp_path / "actor.onnx", n_values=(1, 5, 12)) < 1e-4
+
+
+@pytest.mark.parametrize("world", ["", "routerdc"])
+def test_the_shipped_actor_is_what_the_exporter_writes_from_its_weights(
+    tmp_path: Path, world: str
+) -> None:
+    folder = DEFAULT_MODEL_DIR / world
+    record = json.loads((folder / "runs" / "full-s1" / "training.json").read_text())
+    actor = load_actor(folder / "actor.onnx", record["config"])
+    export_actor(actor, tmp_path / "actor.onnx")
+    assert filecmp.cmp(tmp_path / "actor.onnx", folder / "actor.onnx", shallow=False)
 
 
 def test_queue_attention_is_each_relations_node_attention() -> None:

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
-from edgeroute.qos.predictors import train_predictor
-from policies.qos_text import MAX_IDS, VOCAB, hashed_ids
+from edgeroute.qos.predictors import export_predictor, load_predictor_net, train_predictor
+from policies.predictor import DEFAULT_MODEL_DIR
+from policies.qos_text import MAX_IDS, VOCAB, gram_ids, hashed_ids
 from tests.support import DATA_DIR, needs_data
 
 
@@ -24,10 +28,53 @@ def test_the_predictor_beats_the_majority_bucket_and_exports(tmp_path: Path) -> 
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
-    ids = hashed_ids("Write a function that reverses a list.")[None]
-    score, length = session.run(None, {"ids": ids, "expert": np.array([0, 5, 0])})
-    assert score.shape == (3, 10) and length.shape == (3, 10)
-    assert np.array_equal(score[0], score[2]) and not np.array_equal(score[0], score[1])
+    ids = gram_ids("Write a function that reverses a list.")[None]
+    buckets = session.run(None, {"ids": ids, "expert": np.array([0, 5, 0])})[0]
+    assert buckets.shape == (3, 2) and buckets.dtype == np.int64
+    assert np.array_equal(buckets[0], buckets[2])
+
+
+@pytest.mark.parametrize("quality", ["routerbench", "routerdc"])
+def test_the_served_predictor_picks_the_buckets_its_module_does(
+    tmp_path: Path, quality: str
+) -> None:
+    """The hand-written graph (the text pooled once, the expert's part of the first
+    layer looked up) against the PyTorch module on padded ids, for prompts of every
+    size, an empty one included, on every expert; and its weights read back."""
+    folder = DEFAULT_MODEL_DIR / ("routerdc" if quality == "routerdc" else "")
+    net = load_predictor_net(folder / "predictor.onnx").eval()
+    export_predictor(net, tmp_path / "predictor.onnx")
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
+    experts = np.arange(net.expert.num_embeddings)
+    rng = np.random.default_rng(0)
+    words = [
+        "write",
+        "a",
+        "python",
+        "function",
+        "to",
+        "sort",
+        "the",
+        "list",
+        "of",
+        "numbers",
+        "and",
+        "return",
+        "it",
+    ]
+    prompts = ["", "?"] + [" ".join(rng.choice(words, rng.integers(1, 200))) for _ in range(30)]
+    for prompt in prompts:
+        ids = gram_ids(prompt)
+        served = session.run(
+            None, {"ids": (ids if len(ids) else np.zeros(1, np.int64))[None], "expert": experts}
+        )[0]
+        with torch.no_grad():
+            padded = torch.from_numpy(hashed_ids(prompt)[None].repeat(len(experts), 0))
+            score, length = net(padded, torch.from_numpy(experts))
+        assert np.array_equal(served, np.stack([score.argmax(-1), length.argmax(-1)], 1)), prompt
+    assert filecmp.cmp(tmp_path / "predictor.onnx", folder / "predictor.onnx", shallow=False)
 
 
 @needs_data("RouterDC's scores in router_quality/")

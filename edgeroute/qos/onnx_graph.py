@@ -1,0 +1,105 @@
+"""Serving graphs written node by node (the QoS actor and predictor).
+
+onnxruntime spends ~2 us per node on this machine whatever the node's size, and a
+traced PyTorch module spends many of its nodes on shape bookkeeping, so the served
+graphs are written by hand from the trained weights, with the linear maps that meet
+before a nonlinearity multiplied out beforehand (numpy, float64). The module's own
+parameters ride along as ONNX training information, which inference ignores, so a
+later export can read them back (`parameters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OPSET = 17
+FLOAT, INT64, BOOL = 1, 7, 9  # onnx.TensorProto's element types
+
+
+class Graph:
+    """An ONNX graph under construction: constants and nodes, each output named anew."""
+
+    def __init__(self) -> None:
+        from onnx import NodeProto
+
+        self.nodes: list[NodeProto] = []
+        self.constants: dict[str, np.ndarray] = {}
+
+    def const(self, name: str, value: np.ndarray | Sequence[int] | float) -> str:
+        array = np.asarray(value)
+        self.constants[name] = array.astype(np.int64 if array.dtype.kind == "i" else np.float32)
+        return name
+
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+        from onnx import helper
+
+        out = f"{op_type.lower()}_{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def save(
+        self,
+        path: Path,
+        name: str,
+        inputs: Mapping[str, tuple[int, Sequence[int | str]]],
+        outputs: Mapping[str, tuple[str, int, Sequence[int | str]]],
+        params: Mapping[str, np.ndarray],
+    ) -> None:
+        """Write the graph: `inputs` {name: (element type, shape)}, `outputs` {name:
+        (the node output it is, element type, shape)}, and the module's `params`."""
+        import onnx
+        from onnx import helper, numpy_helper
+
+        nodes = [*self.nodes]
+        nodes += [
+            helper.make_node("Identity", [src], [out]) for out, (src, _, _) in outputs.items()
+        ]
+        graph = helper.make_graph(
+            nodes,
+            name,
+            [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+            [helper.make_tensor_value_info(k, t, s) for k, (_, t, s) in outputs.items()],
+            [numpy_helper.from_array(v, k) for k, v in self.constants.items()],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        info = onnx.TrainingInfoProto()
+        info.initialization.CopyFrom(
+            helper.make_graph(
+                [],
+                "parameters",
+                [],
+                [],
+                [numpy_helper.from_array(v.astype(np.float32), k) for k, v in params.items()],
+            )
+        )
+        model.training_info.append(info)
+        onnx.checker.check_model(model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+
+
+def parameters(path: Path) -> dict[str, np.ndarray]:
+    """The module parameters a graph written by `Graph.save` carries."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return {
+        t.name: numpy_helper.to_array(t)
+        for info in model.training_info
+        for t in info.initialization.initializer
+    }
+
+
+def linear(w: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A torch Linear's weight as [in, out], and its bias."""
+    return w[name + ".weight"].T, w[name + ".bias"]
+
+
+def weights(module: object) -> dict[str, np.ndarray]:
+    """A torch module's parameters as float64 arrays, for folding."""
+    return {k: v.detach().numpy().astype(np.float64) for k, v in module.state_dict().items()}  # type: ignore[attr-defined]
