@@ -125,6 +125,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ab.add_argument("--seconds", type=float, default=5.0, help="per measurement phase")
     ab.add_argument("--name", default="overhead_ab", help="the results files' name")
     ab.add_argument("--json", help="also write the results as JSON here")
+    ab.add_argument(
+        "--phase",
+        choices=("least-load", "qos-full-queues"),
+        default="least-load",
+        help="what to measure: the gateway's added latency and CPU with least_load, or "
+        "qos_drl's decisions with full queues (bench overhead's second phase)",
+    )
     ab.set_defaults(func=lambda a: _overhead_ab(a))
     n = command("netkv", help="NetKV's experiments 1, 2, 3, 4 and 6 on the simulator")
     common(n)
@@ -351,7 +358,7 @@ def _reload(a: argparse.Namespace) -> None:
 def _overhead_ab(a: argparse.Namespace) -> None:
     from edgeroute.bench.overhead_ab import main
 
-    main(a.before.resolve(), a.after.resolve(), a.pairs, a.seconds, a.json, a.name)
+    main(a.before.resolve(), a.after.resolve(), a.pairs, a.seconds, a.json, a.name, a.phase)
 
 
 def _capacity(a: argparse.Namespace) -> None:

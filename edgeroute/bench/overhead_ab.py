@@ -4,7 +4,10 @@
 
 Each side is measured by its own code: a child process started in that checkout
 runs its fast backends and its gateway (least_load) as `edgeroute bench overhead`
-does, and measures the direct path, c=1 latency and CPU per request at c=1 and c=32.
+does, and measures the direct path, c=1 latency and CPU per request at c=1 and c=32;
+or, with `--phase qos-full-queues`, runs `bench overhead`'s full-queue phase for
+`qos_drl` (12 backends that hold every answer) and reports the gateway's own decision
+times.
 Sides alternate within each pair, so a machine that slows down hurts both; the table
 gives medians over pairs, and each pair's after/before ratio is kept in the JSON.
 A checkout of either layout (the tools under `edgeroute/`, or the older top-level
@@ -74,25 +77,51 @@ finally:
         w.wait(10)
 """
 
-METRICS = ("added_c1_p50_ms", "c1_cpu_us", "c32_rps", "c32_cpu_us")
+# The QoS policy's decisions on the request path with full queues; the checkout's own
+# phase (edgeroute layout only: the phase is younger than the move).
+_QOS_CHILD = """
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from edgeroute.bench.overhead import full_queue_phase
+row = full_queue_phase(1, float(sys.argv[1]), ["qos_drl"])[0]
+keys = ("decision_us", "decision_p50_us", "decision_p99_us", "over_budget_pct")
+print(json.dumps({k: row[k] for k in keys}))
+"""
+
+# phase -> (child script, metrics)
+PHASES = {
+    "least-load": (_CHILD, ("added_c1_p50_ms", "c1_cpu_us", "c32_rps", "c32_cpu_us")),
+    "qos-full-queues": (
+        _QOS_CHILD,
+        ("decision_us", "decision_p50_us", "decision_p99_us", "over_budget_pct"),
+    ),
+}
 
 
-def measure(tree: Path, seconds: float) -> dict[str, float]:
+def measure(tree: Path, seconds: float, phase: str = "least-load") -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(seconds)],
+        [sys.executable, "-c", PHASES[phase][0], str(seconds)],
         cwd=tree,
         capture_output=True,
         text=True,
         check=True,
     )
     sample: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    sample["added_c1_p50_ms"] = sample["c1_p50_ms"] - sample["direct_c1_p50_ms"]
+    if "c1_p50_ms" in sample:
+        sample["added_c1_p50_ms"] = sample["c1_p50_ms"] - sample["direct_c1_p50_ms"]
     return sample
 
 
 def main(
-    before: Path, after: Path, pairs: int, seconds: float, json_path: str | None, name: str
+    before: Path,
+    after: Path,
+    pairs: int,
+    seconds: float,
+    json_path: str | None,
+    name: str,
+    phase: str = "least-load",
 ) -> None:
+    metrics = PHASES[phase][1]
     samples: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     for i in range(pairs):
         # Alternate which side goes first, so neither always runs on a warmer machine.
@@ -101,14 +130,14 @@ def main(
             order.reverse()
         for side, tree in order:
             print(f"pair {i + 1}/{pairs}: {side}", flush=True)
-            samples[side].append(measure(tree, seconds))
+            samples[side].append(measure(tree, seconds, phase))
     rows: list[dict[str, Any]] = []
     for side in ("before", "after"):
-        med = {k: statistics.median(s[k] for s in samples[side]) for k in METRICS}
+        med = {k: statistics.median(s[k] for s in samples[side]) for k in metrics}
         rows.append({"side": side, **{k: round(v, 3) for k, v in med.items()}})
     ratios = {
         k: [round(a[k] / b[k], 3) for b, a in zip(samples["before"], samples["after"], strict=True)]
-        for k in METRICS
+        for k in metrics
     }
     rows.append(
         {"side": "after / before (median of pair ratios)"}
@@ -118,7 +147,8 @@ def main(
         name,
         {
             "command": f"edgeroute bench overhead-ab --before {before} --after {after} "
-            f"--pairs {pairs} --seconds {seconds} --name {name}",
+            f"--pairs {pairs} --seconds {seconds} --name {name}"
+            + (f" --phase {phase}" if phase != "least-load" else ""),
             "before": str(before),
             "after": str(after),
             "pairs": pairs,
@@ -127,10 +157,16 @@ def main(
             "pair_ratios": ratios,
         },
         rows,
-        ["side", *METRICS],
+        ["side", *metrics],
         json_path,
         notes="Medians over pairs; each side measured by its own checkout's code, "
-        "alternating. c32_rps: higher is better; the others: lower is better.",
+        "alternating. c32_rps: higher is better; the others: lower is better."
+        + (
+            " Decision times from the gateway's histogram (25 us buckets from 100 to 500 us: "
+            "the share over 300 us is exact, the percentiles interpolated)."
+            if phase != "least-load"
+            else ""
+        ),
     )
     plot_ratios(ratios, output_dir(False) / f"{name}.png")
 
