@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 from policies.plugins import check_params
 from policies.qos_text import gram_ids
 from policies.types import BackendView, ClusterView, RequestInfo
+
+log = logging.getLogger("edgeroute.predictor")
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
 BUCKETS = 10
@@ -42,27 +45,35 @@ class ScorePredictor:
             str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
         )
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
-        self._experts: dict[tuple[str | None, frozenset[str]], int] = {}
-        self._rows: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
+        self._experts: dict[tuple[str | None, frozenset[str]], int | None] = {}
+        self._rows: dict[tuple[int | None, ...], tuple[np.ndarray, list[int]]] = {}
 
-    def index(self, names: Sequence[str]) -> int:
+    def index(self, names: Sequence[str]) -> int | None:
         """The predictor's index of the first of `names` it knows (by name or suffix);
-        0 when it knows none."""
+        None when it knows none."""
         for name in names:
             for i, m in enumerate(self.models):
                 if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
                     return i
-        return 0
+        return None
 
-    def expert_of(self, b: BackendView) -> int:
+    def expert_of(self, b: BackendView) -> int | None:
         """The predictor's index of the model a backend serves: its expert name when it
-        has one, else its served model names. Kept per (expert, models): it is asked
-        for every backend of every request."""
+        has one, else its served model names; None for a model it does not know, which
+        is logged once. Kept per (expert, models): it is asked for every backend of
+        every request."""
         key = (b.expert, b.models)
-        found = self._experts.get(key)
+        if key in self._experts:
+            return self._experts[key]
+        names = [b.expert] if b.expert else sorted(b.models)
+        found = self._experts[key] = self.index(names)
         if found is None:
-            names = [b.expert] if b.expert else sorted(b.models)
-            found = self._experts[key] = self.index(names)
+            log.warning(
+                "backend %s serves %s, which the QoS predictor does not know: it is "
+                "predicted as the average of the models it knows",
+                b.id,
+                ", ".join(names),
+            )
         return found
 
     def predict_for(
@@ -71,23 +82,32 @@ class ScorePredictor:
         """`predict` on the models the backends serve."""
         return self.predict(prompt, [self.expert_of(b) for b in backends])
 
-    def predict(self, prompt: str, experts: Sequence[int]) -> list[tuple[float, float]]:
+    def predict(self, prompt: str, experts: Sequence[int | None]) -> list[tuple[float, float]]:
         """(score, length) bucket midpoints of `prompt` on each expert index: one run
         for the request, which pools the prompt once, and one row per distinct expert
-        (backends often share a model)."""
+        (backends often share a model). An unknown model (None) gets the mean of every
+        known model's prediction: a neutral guess, where any one model's would be a
+        claim about a model it is not."""
         key = tuple(experts)
         rows = self._rows.get(key)
         if rows is None:
             if len(self._rows) >= 256:  # candidate sets come and go with health
                 self._rows.clear()
-            unique = list(dict.fromkeys(experts))
-            where = [unique.index(e) for e in experts]
+            unique = list(dict.fromkeys(e for e in experts if e is not None))
+            if None in experts:  # every model, for their mean
+                unique += [i for i in range(len(self.models)) if i not in unique]
+            where = [-1 if e is None else unique.index(e) for e in experts]
             rows = self._rows[key] = (np.array(unique, np.int64), where)
+        if not len(rows[0]):
+            return []
         ids = gram_ids(prompt)
         if not len(ids):
             ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
         buckets = self._session.run(None, {"ids": ids[None], "expert": rows[0]})[0]
         per_row = [(_SCORE_MID[a], _LENGTH_MID[b]) for a, b in buckets.tolist()]
+        if -1 in rows[1]:
+            k = len(per_row)
+            per_row.append((sum(p[0] for p in per_row) / k, sum(p[1] for p in per_row) / k))
         return [per_row[i] for i in rows[1]]
 
 

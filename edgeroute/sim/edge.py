@@ -328,7 +328,7 @@ class ServedPredictor:
 
     def __init__(self, predictor: ScorePredictor) -> None:
         self.predictor = predictor
-        self._index = {m: predictor.index([m]) for m in predictor.models}
+        self._index = dict(zip(predictor.models, range(len(predictor.models)), strict=True))
         self._cache: dict[str, dict[str, tuple[float, float]]] = {}
 
     def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]:

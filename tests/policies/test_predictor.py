@@ -3,6 +3,8 @@ preset (the QoS papers' BR baseline) built on it."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from policies import PipelineSpec, build_pipeline
@@ -60,3 +62,40 @@ def test_a_world_folder_brings_its_own_predictor() -> None:
 def test_no_candidates_no_scores() -> None:
     scorer = build_pipeline(PipelineSpec(policy="best_predicted")).scorers[0][0]
     assert scorer.score(RequestInfo("edge", 1, prompt=PROMPT), ClusterView(()), ()) == []
+
+
+def test_a_model_the_predictor_does_not_know_is_predicted_as_the_average_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not as the predictor's first model (what an unknown name used to get), which
+    would claim that model's strengths for it; the operator hears of it once."""
+    predictor = ScorePredictor(DEFAULT_MODEL_DIR)  # its own caches, so the log is this test's
+    known = [BackendView(id=f"b{i}", models=frozenset({m})) for i, m in enumerate(predictor.models)]
+    stranger = BackendView(id="x", models=frozenset({"a-model-nobody-trained-on"}))
+    with caplog.at_level(logging.WARNING, logger="edgeroute.predictor"):
+        for _ in range(3):
+            got = predictor.predict_for(PROMPT, [known[0], stranger, known[1]])
+    every = predictor.predict_for(PROMPT, known)
+    mean = (
+        sum(s for s, _ in every) / len(every),
+        sum(n for _, n in every) / len(every),
+    )
+    assert got[1] == pytest.approx(mean)
+    assert got[1] != every[0]  # not the first model's
+    assert got[0] == every[0] and got[2] == every[1]
+    warned = [r for r in caplog.records if "a-model-nobody-trained-on" in r.getMessage()]
+    assert len(warned) == 1 and "x" in warned[0].getMessage()
+    assert predictor.predict_for(PROMPT, []) == []
+
+
+def test_best_predicted_routes_around_an_unknown_model_without_failing() -> None:
+    predictor = load_predictor(DEFAULT_MODEL_DIR)
+    view = ClusterView(
+        (*fleet(predictor, 3).backends, BackendView(id="x", models=frozenset({"edge"}), expert="?"))
+    )
+    pipeline = build_pipeline(PipelineSpec(policy="best_predicted"))
+    picked = {
+        pipeline.decide(RequestInfo("edge", 20, prompt=PROMPT, entropy=e), view).backend_id
+        for e in range(20)
+    }
+    assert picked and None not in picked
