@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgeroute.qos.model import NEG, NodeAttention, QoSNet
+from edgeroute.qos.model import NEG, NodeAttention, QoSNet, head_membership
 from edgeroute.qos.onnx_graph import BOOL, FLOAT, Graph, linear, parameters, weights
 from policies.qos_state import F_EXPERT, F_REQ, INPUTS, QUEUE_CAP
 
@@ -43,10 +43,8 @@ def example(batch: int, n: int, queue: int = QUEUE_CAP, seed: int = 0) -> dict[s
 
 
 def _member(hidden: int, heads: int) -> np.ndarray:
-    """member[d, h] = 1 when feature d belongs to head h."""
-    member = np.zeros((hidden, heads))
-    member[np.arange(hidden), np.arange(hidden) // (hidden // heads)] = 1.0
-    return member
+    """The module's head membership [H, heads], for folding."""
+    return head_membership(hidden, heads).double().numpy()
 
 
 def _query_fold(wq: np.ndarray, bq: np.ndarray, wk: np.ndarray, heads: int) -> np.ndarray:
@@ -61,14 +59,14 @@ def _query_fold(wq: np.ndarray, bq: np.ndarray, wk: np.ndarray, heads: int) -> n
     return np.vstack([wq @ flat, bq @ flat])
 
 
-def _value_fold(wv: np.ndarray, bv: np.ndarray, heads: int) -> np.ndarray:
-    """[heads * (F + 1), H]: each head's attention-weighted inputs (with the weights'
-    sum appended, which carries the bias) times this are the heads' outputs, side by
-    side."""
+def _value_fold(wv: np.ndarray, bv: np.ndarray | None, heads: int) -> np.ndarray:
+    """[heads * F', H]: each head's attention-weighted inputs times this are the heads'
+    outputs, side by side. With a bias, F' = F + 1: the inputs carry the weights' sum
+    as a last column (0 for an empty queue), which carries the bias."""
     hidden = wv.shape[1]
     member = _member(hidden, heads)  # [H, heads]
-    aug = np.vstack([wv, bv])  # [F + 1, H]
-    out: np.ndarray = (member.T[:, None, :] * aug[None]).reshape(-1, hidden)
+    rows = wv if bv is None else np.vstack([wv, bv])  # [F', H]
+    out: np.ndarray = (member.T[:, None, :] * rows[None]).reshape(-1, hidden)
     return out
 
 
@@ -192,11 +190,9 @@ def _han_layer(
         "Reshape", g.op("MatMul", attn, exp), g.const(f"{rel}/flat_shape", [0, heads * hidden])
     )
     # Every weight row sums to 1 (no padded experts): the bias is added once, below.
-    values = _value_fold(wv, np.zeros_like(bv), heads)
-    values = np.delete(values.reshape(heads, hidden + 1, hidden), hidden, axis=1)
     wself, bself = linear(w, f"{layer}.arr_self")
     block = np.zeros((heads * hidden + hidden, 2 * hidden))
-    block[: heads * hidden, :hidden] = values.reshape(heads * hidden, hidden)
+    block[: heads * hidden, :hidden] = _value_fold(wv, None, heads)
     block[heads * hidden :, hidden:] = wself
     z_arr = g.op(
         "Gemm",

@@ -25,6 +25,13 @@ from policies.qos_state import F_EXPERT, F_REQ, INPUTS
 NEG = -1e9
 
 
+def head_membership(hidden: int, heads: int) -> Tensor:
+    """[hidden, heads]: 1 where feature d belongs to head h (contiguous blocks)."""
+    member = torch.zeros(hidden, heads)
+    member[torch.arange(hidden), torch.arange(hidden) // (hidden // heads)] = 1.0
+    return member
+
+
 class NodeAttention(nn.Module):
     """Multi-head attention of target nodes over their (masked) neighbours."""
 
@@ -32,11 +39,9 @@ class NodeAttention(nn.Module):
         super().__init__()
         self.heads, self.d = heads, hidden // heads
         self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
-        # member[i, h] = 1 when feature i belongs to head h: sums per head and spreads
-        # a head's weight back over its features, with no reshape of the batch shape
-        # (which costs the exported graph a chain of shape operations per use).
-        member = torch.zeros(hidden, heads)
-        member[torch.arange(hidden), torch.arange(hidden) // self.d] = 1.0
+        # Sums per head and spreads a head's weight back over its features, with no
+        # reshape of the batch shape.
+        member = head_membership(hidden, heads)
         self.member: Tensor
         self.register_buffer("member", member, persistent=False)
         self.scaled: Tensor  # member / sqrt(d): the per-head sum and the scaling in one
