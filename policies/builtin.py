@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import filters, netkv, pickers, scorers
-from policies.plugins import Kind, Registry, check_params, from_dataclass
+from policies.plugins import Kind, PluginError, Registry, check_params, from_dataclass
 
 
 def _fixed(plugin: object) -> Any:
@@ -25,9 +25,14 @@ def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.predictor import DEFAULT_MODEL_DIR
     from policies.qos_drl import load
 
-    check_params(params, ("model", "latency_ms"))
+    check_params(params, ("model", "latency_ms", "shed"))
     model = params.get("model")
-    return load(Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)))
+    shed = params.get("shed", True)
+    if not isinstance(shed, bool):
+        raise PluginError(f"qos_drl's shed must be true or false, not {shed!r}")
+    return load(
+        Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)), shed
+    )
 
 
 def _predicted_quality(params: Mapping[str, Any]) -> Any:

@@ -4,7 +4,9 @@ For each arriving request the policy predicts, per candidate backend, the bucket
 score and output length (the predictor, also ONNX), builds the HAN state from the
 snapshot (backend memory use and the gateway's in-flight requests on it, with their
 progress) exactly as in training (`policies.qos_state.encode`), and takes the actor's
-most likely action. Action 0, drop, becomes load shedding: a 503 with Retry-After.
+most likely action. Action 0, drop, becomes load shedding: a 503 with Retry-After;
+with `shed=False` (engines that queue rather than refuse, and clients that would rather
+have a late answer than none) the policy takes the most likely backend instead.
 
 It needs onnxruntime and the committed model files, not PyTorch.
 """
@@ -44,9 +46,11 @@ class QoSDRL:
         model_dir: Path = DEFAULT_MODEL_DIR,
         latency_ms: float = 30.0,
         predictor: ScorePredictor | None = None,
+        shed: bool = True,
     ) -> None:
         """The actor in `model_dir`, with the predictor beside or above it
-        (`predictor_dir`) unless one already loaded is given (one session per graph)."""
+        (`predictor_dir`) unless one already loaded is given (one session per graph).
+        `shed=False`: never drop, route to the actor's most likely backend."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -58,6 +62,7 @@ class QoSDRL:
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]
         self._filters = (Healthy(), ServesModel(), Role())
+        self.shed = shed
         self._target(latency_ms)
 
     def _target(self, latency_ms: float) -> None:
@@ -69,10 +74,12 @@ class QoSDRL:
             token_target=self.latency,
         )
 
-    def with_latency(self, latency_ms: float) -> QoSDRL:
-        """This policy for another latency target, sharing its ONNX sessions."""
+    def configured(self, latency_ms: float, shed: bool = True) -> QoSDRL:
+        """This policy for another latency target and shedding, sharing its ONNX
+        sessions."""
         other = copy.copy(self)
         other._features = {}
+        other.shed = shed
         other._target(latency_ms)
         return other
 
@@ -81,7 +88,7 @@ class QoSDRL:
         if scored is None:
             return NO_BACKEND
         candidates, preds, logits = scored
-        best = int(np.argmax(logits))
+        best = self._best(logits)
         if best == 0:
             return self._shed
         return Decision(
@@ -94,13 +101,17 @@ class QoSDRL:
         if scored is None:
             return (NO_BACKEND,)
         candidates, preds, logits = scored
-        if int(np.argmax(logits)) == 0:
+        if self._best(logits) == 0:
             return (self._shed,)
         order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
         return tuple(
             Decision(candidates[i].id, predicted=preds[i], token_target=self.latency)
             for i in order.tolist()
         )
+
+    def _best(self, logits: np.ndarray) -> int:
+        """The action taken: the most likely one, or the most likely backend."""
+        return int(np.argmax(logits)) if self.shed else 1 + int(np.argmax(logits[1:]))
 
     def _scored(
         self, req: RequestInfo, view: ClusterView
@@ -122,7 +133,9 @@ class QoSDRL:
         return candidates, preds, logits
 
 
-def load(model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0) -> QoSDRL:
+def load(
+    model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, shed: bool = True
+) -> QoSDRL:
     """The policy in `model_dir`, sharing the ONNX sessions of any earlier load of the
     same files in this process: routes that differ only in their target, and
     runs that share a predictor, load each graph once. Files changed since (a new
@@ -130,7 +143,7 @@ def load(model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0) -> QoSDR
     folder = model_dir.resolve()
     predictor = load_predictor(predictor_dir(folder))
     shared = _loaded(folder, file_stamps(folder, ("actor.onnx",)), predictor)
-    return shared.with_latency(latency_ms)
+    return shared.configured(latency_ms, shed)
 
 
 @functools.lru_cache(maxsize=LOADED_CAP)

@@ -187,6 +187,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="an agent's training runs (folders with actor.onnx), repeatable; "
         "default: every run in the quality's runs/",
     )
+    q.add_argument(
+        "--no-shed",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="serve the agent NAME (given with --model) with shed: false: it routes to "
+        "its most likely backend where it would drop; repeatable",
+    )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
     q.add_argument(
         "--quality",
@@ -412,9 +420,20 @@ def _qos(a: argparse.Namespace) -> None:
             quality=a.quality,
             scrape_ms=a.scrape_ms,
             max_batch=a.max_batch,
+            unshed=frozenset(a.no_shed),
         )
         return
-    main(a.quick, a.seed, a.json, runs, a.trace, a.quality, a.scrape_ms, fleet_from(a))
+    main(
+        a.quick,
+        a.seed,
+        a.json,
+        runs,
+        a.trace,
+        a.quality,
+        a.scrape_ms,
+        fleet_from(a),
+        frozenset(a.no_shed),
+    )
 
 
 def _qos_impact(a: argparse.Namespace) -> None:

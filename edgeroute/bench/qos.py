@@ -68,15 +68,26 @@ def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
     return {v: dirs for v, dirs in found.items() if dirs}
 
 
-def agents_named(base: str, models: dict[str, list[Path]]) -> tuple[str, str]:
-    """The results' name and the command's `--model` flags for agents given by hand:
-    they get a file of their own (`<base>_<agent>...`), so that benchmarking other runs
-    never overwrites the results of the committed ones. No agents given: `base`."""
+def agents_named(
+    base: str, models: dict[str, list[Path]], unshed: frozenset[str] = frozenset()
+) -> tuple[str, str]:
+    """The results' name and the command's `--model` (and `--no-shed`) flags for agents
+    given by hand: they get a file of their own (`<base>_<agent>...`), so that
+    benchmarking other runs never overwrites the results of the committed ones. No
+    agents given: `base`."""
     if not models:
         return base, ""
     safe = [re.sub(r"[^A-Za-z0-9_-]+", "-", k) for k in models]
     flags = "".join(f" --model {k}={','.join(map(str, v))}" for k, v in models.items())
+    flags += "".join(f" --no-shed {k}" for k in models if k in unshed)
     return "_".join([base, *safe]), flags
+
+
+def check_unshed(models: dict[str, list[Path]], unshed: frozenset[str]) -> None:
+    """`--no-shed` names agents given with `--model`."""
+    unknown = sorted(unshed - set(models))
+    if unknown:
+        raise SystemExit(f"--no-shed {', '.join(unknown)}: no such agent given with --model")
 
 
 def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
@@ -96,6 +107,7 @@ def main(
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
     fleet: Fleet = Fleet(),
+    unshed: frozenset[str] = frozenset(),
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure pools its training seeds and the environment
@@ -103,9 +115,11 @@ def main(
     the policies see the experts as the gateway does, from scrapes of the engines'
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
-    agents trained on, `edgeroute train qos`'s same options)."""
+    agents trained on, `edgeroute train qos`'s same options). `unshed`: agents served
+    with `shed=False` (never drop)."""
     from workers.quality import default_data_dir
 
+    check_unshed(models, unshed)
     data = default_data_dir()
     tasks = load_tasks(data, split="eval", quality=quality)
     seeds = [seed + 100 + i for i in range(1 if quick else 10)]
@@ -113,7 +127,7 @@ def main(
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
-    result_name, model_flags = agents_named(base, models)
+    result_name, model_flags = agents_named(base, models, unshed)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
         "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
@@ -126,14 +140,17 @@ def main(
     # An agent normalises its features by the latency target it serves, so each
     # setting's L gets its own policy for every run (as a gateway configured for it),
     # all of them sharing the run's actor session and the world's predictor session.
-    def agent(run: Path, latency_ms: float) -> QoSDRL:
+    def agent(run: Path, latency_ms: float, shed: bool = True) -> QoSDRL:
         own, want = predictor_dir(run), quality_dir(quality).resolve()
         if own != want:  # it would be measured with a predictor it did not train with
             raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
-        return load(run, latency_ms)
+        return load(run, latency_ms, shed)
 
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
-        agents = {n: [served(agent(d, latency_ms)) for d in dirs] for n, dirs in models.items()}
+        agents = {
+            n: [served(agent(d, latency_ms, n not in unshed)) for d in dirs]
+            for n, dirs in models.items()
+        }
         return {**fixed, **agents}
 
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")

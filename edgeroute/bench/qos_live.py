@@ -173,6 +173,7 @@ def named(
     scrape_ms: float,
     models: dict[str, list[Path]],
     max_batch: int | None = None,
+    unshed: frozenset[str] = frozenset(),
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default or engines with another batch limit are another world, and agents
@@ -186,7 +187,7 @@ def named(
     if max_batch is not None:
         base += f"_batch-{max_batch}"
         flags += f" --max-batch {max_batch}"
-    name, model_flags = agents_named(base, models)
+    name, model_flags = agents_named(base, models, unshed)
     return name, flags + model_flags
 
 
@@ -203,17 +204,20 @@ def main(
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
     max_batch: int | None = None,
+    unshed: frozenset[str] = frozenset(),
 ) -> None:
     """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
     world's predictor) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
-    (modulo its number of runs). `max_batch`: see `run_policy`."""
-    from edgeroute.bench.qos import trained_runs
+    (modulo its number of runs). `max_batch`: see `run_policy`. `unshed`: agents served
+    with `shed: false` (never drop)."""
+    from edgeroute.bench.qos import check_unshed, trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
-    result_name, flags = named(quality, scrape_ms, models, max_batch)
+    check_unshed(models, unshed)
+    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
@@ -229,7 +233,9 @@ def main(
             "BR": best_predicted(quality),  # load aside
         }
         for name, runs in models.items():
-            spec = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+            spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+            if name in unshed:
+                spec["params"] = {"shed": False}
             specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
         for name, spec in specs.items():
             r = asyncio.run(

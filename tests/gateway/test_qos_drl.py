@@ -45,14 +45,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     yield dirs
 
 
-def start(start_worker: Start, start_gateway: Start, model_dir: Path) -> tuple[str, Any]:
+def start(
+    start_worker: Start, start_gateway: Start, model_dir: Path, **params: Any
+) -> tuple[str, Any]:
     backends = []
     for profile in ("mistral-7b-chat", "llama-2-70b-chat", "Yi-34B-Chat"):
         url, _ = start_worker(profile=profile, served_model_names=[profile, MODEL], speedup=2.0)
         backends.append({"url": url, "id": profile})
-    return start_gateway(
-        backends, routing={"default": {"policy": "qos_drl", "model": str(model_dir)}}
-    )
+    spec = {"policy": "qos_drl", "model": str(model_dir), "params": params}
+    return start_gateway(backends, routing={"default": spec})
 
 
 def test_the_learned_policy_routes_and_sees_the_inflight_requests(
@@ -152,6 +153,26 @@ def test_the_drop_action_sheds_with_503_and_retry_after(
     metrics = httpx.get(url + "/metrics").text
     assert sample(metrics, "edgeroute_qos_requests_total", outcome="shed") == 1
     assert sample(metrics, "edgeroute_shed_requests_total", reason="qos") == 1
+
+
+def test_without_shedding_the_policy_serves_what_its_actor_would_drop(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    url, _ = start(start_worker, start_gateway, models["shed"], shed=False)
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_qos_requests_total", outcome="shed") == 0
+    # an operator's typo is refused, not read as "shed"
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"shed": "no"}},
+    )
+    assert r.status_code == 400 and "shed must be true or false" in r.json()["error"]["message"]
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(

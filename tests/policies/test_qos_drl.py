@@ -48,7 +48,7 @@ def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_on
 
     prompt = "Write a python function to count the pairs in a list whose sum equals a target."
     base = QoSDRL(latency_ms=30.0)
-    tight = base.with_latency(12.0)
+    tight = base.configured(12.0)
     assert tight.latency == 0.012 and base.latency == 0.030
     assert tight._actor is base._actor and tight.predictor is base.predictor
     fresh = QoSDRL(latency_ms=12.0)
@@ -116,3 +116,26 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
     (folder / "actor.onnx").unlink()  # missing files: the policy's own error, not a stale copy
     with pytest.raises(Exception, match=r"actor\.onnx"):
         load(folder)
+
+
+def test_without_shedding_the_policy_takes_the_most_likely_backend() -> None:
+    from policies.types import BackendView, ClusterView, RequestInfo
+
+    shedding = QoSDRL()
+    serving = shedding.configured(30.0, shed=False)
+    experts = shedding.predictor.models
+    view = ClusterView(
+        tuple(
+            BackendView(id=f"e{i}", models=frozenset({"m"}), expert=experts[i], running=i)
+            for i in range(4)
+        )
+    )
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+    scored = shedding._scored(req, view)
+    assert scored is not None
+    logits = scored[2]
+    logits[0] = logits.max() + 1.0  # as if the actor would drop it
+    assert shedding._best(logits) == 0
+    assert serving._best(logits) == 1 + int(logits[1:].argmax())
+    chosen = serving.decide(req, view).backend_id
+    assert chosen == serving.ranked(req, view)[0].backend_id == f"e{int(logits[1:].argmax())}"

@@ -21,6 +21,16 @@ def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
     )
     assert name == "qos_live_wide_my-run-"
     assert flags == " --model wide=a/full-s0,a/full-s1 --model my run!=b"
+    _, flags = agents_named("qos", {"a": [Path("a")], "b": [Path("b")]}, frozenset({"b"}))
+    assert flags == " --model a=a --model b=b --no-shed b"
+
+
+def test_only_an_agent_given_by_hand_can_be_served_without_shedding() -> None:
+    from edgeroute.bench.qos import check_unshed
+
+    check_unshed({"a": [Path("a")]}, frozenset({"a"}))
+    with pytest.raises(SystemExit, match="--no-shed b: no such agent"):
+        check_unshed({"a": [Path("a")]}, frozenset({"b"}))
 
 
 def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:
