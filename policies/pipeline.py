@@ -174,7 +174,24 @@ class Pipeline:
     ) -> Decision | tuple[Sequence[BackendView], Sequence[float]]:
         """The candidates that pass the filters and their weighted scores, or the
         rejection naming the filter that left none."""
-        cache, per_model, rest, lone, weighted, _ = self._plan
+        candidates = self.candidates(req, view)
+        if isinstance(candidates, Decision):
+            return candidates
+        _, _, _, lone, weighted, _ = self._plan
+        total: Sequence[float] = _NO_SCORES
+        if lone is not None:
+            total = lone.score(req, view, candidates)
+        elif weighted:
+            total = [0.0] * len(candidates)
+            for scorer, weight in weighted:
+                for i, s in enumerate(scorer.score(req, view, candidates)):
+                    total[i] += weight * s
+        return candidates, total
+
+    def candidates(self, req: RequestInfo, view: ClusterView) -> Decision | Sequence[BackendView]:
+        """The backends that pass the filters, or the rejection naming the filter that
+        left none (a learned policy filters with a pipeline of filters alone)."""
+        cache, per_model, rest, _, _, _ = self._plan
         candidates: Sequence[BackendView] = view.backends
         if per_model:
             if cache.epoch != view.epoch:
@@ -192,15 +209,7 @@ class Pipeline:
             candidates = [b for b in candidates if f.keep(req, view, b)]
             if not candidates:
                 return self._rejected(req, view)
-        total: Sequence[float] = _NO_SCORES
-        if lone is not None:
-            total = lone.score(req, view, candidates)
-        elif weighted:
-            total = [0.0] * len(candidates)
-            for scorer, weight in weighted:
-                for i, s in enumerate(scorer.score(req, view, candidates)):
-                    total[i] += weight * s
-        return candidates, total
+        return candidates
 
     @staticmethod
     def _verdicts(

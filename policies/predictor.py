@@ -46,7 +46,9 @@ class ScorePredictor:
         )
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
         self._experts: dict[tuple[str | None, frozenset[str]], int | None] = {}
-        self._rows: dict[tuple[int | None, ...], tuple[np.ndarray, list[int]]] = {}
+        # per tuple of expert indices: the distinct rows to predict, where each index's
+        # prediction is among them (-1: the mean of all), and whether any is -1
+        self._rows: dict[tuple[int | None, ...], tuple[np.ndarray, list[int], bool]] = {}
 
     def index(self, names: Sequence[str]) -> int | None:
         """The predictor's index of the first of `names` it knows (by name or suffix);
@@ -97,18 +99,19 @@ class ScorePredictor:
             if None in experts:  # every model, for their mean
                 unique += [i for i in range(len(self.models)) if i not in unique]
             where = [-1 if e is None else unique.index(e) for e in experts]
-            rows = self._rows[key] = (np.array(unique, np.int64), where)
-        if not len(rows[0]):
+            rows = self._rows[key] = (np.array(unique, np.int64), where, None in experts)
+        distinct, where, unknown = rows
+        if not len(distinct):
             return []
         ids = gram_ids(prompt)
         if not len(ids):
             ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
-        buckets = self._session.run(None, {"ids": ids[None], "expert": rows[0]})[0]
+        buckets = self._session.run(None, {"ids": ids[None], "expert": distinct})[0]
         per_row = [(_SCORE_MID[a], _LENGTH_MID[b]) for a, b in buckets.tolist()]
-        if -1 in rows[1]:
+        if unknown:
             k = len(per_row)
             per_row.append((sum(p[0] for p in per_row) / k, sum(p[1] for p in per_row) / k))
-        return [per_row[i] for i in rows[1]]
+        return [per_row[i] for i in where]
 
 
 def predictor_dir(model_dir: Path) -> Path:

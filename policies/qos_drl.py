@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
+from policies.pickers import Argmax
+from policies.pipeline import Pipeline
 from policies.plugins import Need
 from policies.predictor import (
     DEFAULT_MODEL_DIR,
@@ -33,8 +36,6 @@ from policies.predictor import (
 )
 from policies.qos_state import INPUTS, FeatureCache, encode, snapshot
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
-
-NO_BACKEND = Decision(None, reason="no backend passed the filters")
 
 
 class QoSDRL:
@@ -61,7 +62,10 @@ class QoSDRL:
         self._features: FeatureCache = {}
         names = {i.name for i in self._actor.get_inputs()}
         self._inputs = [k for k in INPUTS if k in names]
-        self._filters = (Healthy(), ServesModel(), Role())
+        # the gateway's default filters, their verdicts kept per model and view epoch
+        self._filters = Pipeline(
+            "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
+        )
         self.shed = shed
         self._target(latency_ms)
 
@@ -85,8 +89,8 @@ class QoSDRL:
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
         scored = self._scored(req, view)
-        if scored is None:
-            return NO_BACKEND
+        if isinstance(scored, Decision):
+            return scored
         candidates, preds, logits = scored
         best = self._best(logits)
         if best == 0:
@@ -98,8 +102,8 @@ class QoSDRL:
     def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
         """The actor's choice, then the other candidates in the order of its logits."""
         scored = self._scored(req, view)
-        if scored is None:
-            return (NO_BACKEND,)
+        if isinstance(scored, Decision):
+            return (scored,)
         candidates, preds, logits = scored
         if self._best(logits) == 0:
             return (self._shed,)
@@ -115,11 +119,12 @@ class QoSDRL:
 
     def _scored(
         self, req: RequestInfo, view: ClusterView
-    ) -> tuple[list[BackendView], list[tuple[float, float]], np.ndarray] | None:
-        """The candidates, their predictions and the actor's logits over {drop, each}."""
-        candidates = [b for b in view.backends if all(f.keep(req, view, b) for f in self._filters)]
-        if not candidates:
-            return None
+    ) -> tuple[Sequence[BackendView], list[tuple[float, float]], np.ndarray] | Decision:
+        """The candidates, their predictions and the actor's logits over {drop, each};
+        or the rejection naming the filter that left no candidate."""
+        candidates = self._filters.candidates(req, view)
+        if isinstance(candidates, Decision):
+            return candidates
         preds = self.predictor.predict_for(req.prompt, candidates)
         obs = encode(
             req.prompt_tokens,

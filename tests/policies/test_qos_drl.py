@@ -139,3 +139,22 @@ def test_without_shedding_the_policy_takes_the_most_likely_backend() -> None:
     assert serving._best(logits) == 1 + int(logits[1:].argmax())
     chosen = serving.decide(req, view).backend_id
     assert chosen == serving.ranked(req, view)[0].backend_id == f"e{int(logits[1:].argmax())}"
+
+
+def test_with_no_candidate_the_policy_names_the_filter_that_left_none() -> None:
+    from policies.types import BackendView, ClusterView, RequestInfo
+
+    policy = QoSDRL()
+    expert = policy.predictor.models[0]
+    view = ClusterView(
+        (
+            BackendView(id="a", models=frozenset({"m"}), expert=expert, healthy=False),
+            BackendView(id="b", models=frozenset({"other"}), expert=expert),
+        )
+    )
+    req = RequestInfo("m", 10, prompt="hi", now=1.0)
+    (rejected,) = policy.ranked(req, view)  # b is healthy but serves another model
+    assert rejected.backend_id is None
+    assert rejected.reason == "no backend passed the 'serves_model' filter"
+    down = ClusterView((view.backends[0],))
+    assert policy.decide(req, down).reason == "no backend passed the 'healthy' filter"
