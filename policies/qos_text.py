@@ -12,8 +12,8 @@ import numpy as np
 VOCAB = 1 << 14
 MAX_IDS = 256
 _WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
-# The same words of an ASCII text, read from its bytes (the request path's common case,
-# twice as fast on long prompts): a str pattern's \s also matches \x1c-\x1f, spelled out.
+# The same words of an ASCII text, read from its bytes (the request path's common case;
+# a sixth faster than the str path): a str pattern's \s also matches \x1c-\x1f, spelled out.
 _ASCII_WORD = re.compile(rb"[a-z0-9]+|[^\t\n\x0b\x0c\r\x1c-\x1f a-z0-9]")
 
 
