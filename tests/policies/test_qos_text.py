@@ -1,4 +1,5 @@
-"""The QoS predictors' prompt ids: the served path must give the ids training used."""
+"""The QoS predictors' prompt ids: the committed predictors were trained on these ids,
+so any rewrite of `gram_ids` must keep them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from policies.qos_text import MAX_IDS, VOCAB, gram_ids, hashed_ids
 
 def reference(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
     """The ids as the committed predictors were trained on them (str words, each gram's
-    UTF-8 hashed): the definition the request path's faster reading must keep."""
+    UTF-8 hashed), written out apart from the code that computes them."""
     words = re.findall(r"[a-z0-9]+|[^\sa-z0-9]", text.lower())[: max_ids // 2]
     grams = words + [a + " " + b for a, b in itertools.pairwise(words)]
     found = np.array([zlib.crc32(g.encode()) for g in grams[:max_ids]], np.int64)
