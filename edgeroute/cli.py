@@ -243,6 +243,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         latencies_ms=args.latencies,
         fleet=fleet_from(args),
         scrape_ms=args.scrape_ms,
+        drop=not args.no_drop,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -482,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the agent sees the experts as the gateway does, from scrapes of the engines' "
         "metrics every MS ms (counts, memory, estimated progress); default: their exact state",
+    )
+    q.add_argument(
+        "--no-drop",
+        action="store_true",
+        help="train without the drop action, for engines that queue rather than refuse "
+        "(serve the agent with shed: false)",
     )
     q.add_argument(
         "--credit",

@@ -64,6 +64,7 @@ class SACConfig:
     buffer: int = 50_000
     target_entropy_ratio: float = 0.5  # of log(number of actions)
     init_alpha: float = 0.05  # rewards are QoS in [0, 1]: alpha = 1 would drown them
+    drop: bool = True  # False: the actor never drops (`PointerHead.forbid_drop`)
 
 
 DEFAULT_RATE, DEFAULT_LATENCY_MS = 5.0, 30.0  # the paper's default setting
@@ -84,7 +85,9 @@ def latency_range(config: dict[str, Any]) -> str:
 
 def current_shape(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded training config (a record's or a checkpoint's) in today's shape:
-    configs from before the fleet was one setting hold its fields flat."""
+    configs from before the fleet was one setting hold its fields flat; those from
+    before the drop action was optional had it."""
+    config = {"drop": True, **config}
     if "fleet" in config:
         return config
     flat = {f.name for f in fields(Fleet)}
@@ -140,6 +143,9 @@ class TrainConfig:
     # metrics this many ms apart (counts, memory, estimated progress; see
     # `edgeroute.sim.edge.cluster_view`); None: their exact state at every decision.
     scrape_ms: float | None = None
+    # False: no drop action, for engines that queue rather than refuse (the agent is
+    # served as with `shed: false`, and trained for it).
+    drop: bool = True
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
@@ -180,4 +186,5 @@ class TrainConfig:
             batch=self.batch,
             target_entropy_ratio=self.target_entropy_ratio,
             init_alpha=self.init_alpha,
+            drop=self.drop,
         )

@@ -239,6 +239,16 @@ class PointerHead(nn.Module):
         per_expert = per_expert * expert_mask + (1.0 - expert_mask) * masked
         return torch.cat([self.drop(arr), per_expert], dim=-1)  # [B, 1 + N]
 
+    def forbid_drop(self) -> None:
+        """Make the drop an action never taken: its output a constant NEG, out of
+        training. The output stays, so every actor has the same graph and outputs."""
+        last = self.drop[2]
+        assert isinstance(last, nn.Linear)
+        with torch.no_grad():
+            last.weight.zero_()
+            last.bias.fill_(NEG)
+        self.drop.requires_grad_(False)
+
 
 class QoSNet(nn.Module):
     """Encoder + pointer head: the actor (logits) or a critic (Q-values)."""

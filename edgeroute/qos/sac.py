@@ -104,18 +104,20 @@ def stack(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 class SAC:
-    def __init__(self, config: SACConfig, n_actions: int) -> None:
+    def __init__(self, config: SACConfig, experts: int) -> None:
         c = config
         self.config = c
         self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers)
         self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers)
         self.actor.encoder = self.critic.encoder  # shared; trained by the critic's loss
+        if not c.drop:
+            self.actor.head.forbid_drop()
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.full((1,), math.log(c.init_alpha), requires_grad=True)
         self.opt_actor = torch.optim.Adam(self.actor.head.parameters(), lr=c.lr)
         self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=c.lr)
-        self.target_entropy = c.target_entropy_ratio * math.log(n_actions)
+        self.target_entropy = c.target_entropy_ratio * math.log(experts + int(c.drop))
 
     @property
     def alpha(self) -> Tensor:

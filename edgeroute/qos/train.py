@@ -193,7 +193,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     tasks = load_tasks(data_dir, split="agent", quality=cfg.quality)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)
-    sac = SAC(cfg.sac(), n_actions=cfg.experts + 1)
+    sac = SAC(cfg.sac(), experts=cfg.experts)
     for env in envs:
         new_episode(env, cfg, rng)
     obs = [env.observe() for env in envs]
@@ -229,7 +229,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     while step < cfg.steps:
         t0 = time.perf_counter()
         if step < cfg.warmup:
-            actions = rng.integers(0, cfg.experts + 1, len(envs))
+            actions = rng.integers(int(not cfg.drop), cfg.experts + 1, len(envs))
         else:
             actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
         spent["acting"] += time.perf_counter() - t0

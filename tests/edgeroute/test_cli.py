@@ -175,3 +175,12 @@ def test_a_scrape_interval_is_a_positive_span(capsys: pytest.CaptureFixture[str]
             with pytest.raises(SystemExit):
                 parser.parse_args([*command, "--scrape-ms", bad])
             assert "--scrape-ms: expected" in capsys.readouterr().err
+
+
+def test_no_drop_trains_without_the_drop_action() -> None:
+    from edgeroute.cli import train_config
+
+    parser = build_parser()
+    assert train_config(parser.parse_args(["train", "qos"])).drop is True
+    no_drop = train_config(parser.parse_args(["train", "qos", "--no-drop"]))
+    assert no_drop.drop is False and no_drop.sac().drop is False

@@ -21,7 +21,7 @@ from edgeroute.qos.config import (
     quality_suffix,
 )
 from edgeroute.qos.export import example, export_actor, load_actor, parity
-from edgeroute.qos.model import NodeAttention, QoSNet, queue_attention
+from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, train
 from edgeroute.sim.edge import Fleet, Quality
 from policies.predictor import DEFAULT_MODEL_DIR
@@ -147,6 +147,33 @@ def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path, qu
     history = result["history"]
     assert isinstance(history, list) and len(history) == 2
     assert all(np.isfinite(h["loss_q"]) for h in history)
+
+
+@needs_data("the quality data")
+def test_an_agent_trained_without_the_drop_never_drops(tmp_path: Path) -> None:
+    """`drop=False`: no drop is ever taken in training (warm-up included), the target
+    entropy is over the experts alone, and the exported actor's drop logit is NEG
+    whatever the state, so served with shedding on it still never sheds."""
+    import onnxruntime as ort
+
+    from edgeroute.qos.sac import SAC
+
+    cfg = tiny(drop=False)
+    assert SAC(cfg.sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(6))
+    assert SAC(tiny().sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(7))
+    train(cfg, DATA_DIR, tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    actions = np.asarray(ckpt["replay"]["action"])
+    assert len(actions) > 0 and actions.min() >= 1
+    session = ort.InferenceSession(str(tmp_path / "actor.onnx"))
+    obs = example(32, 6, seed=5)
+    names = {i.name for i in session.get_inputs()}
+    out = session.run(["logits"], {k: v for k, v in obs.items() if k in names})[0]
+    assert (out[:, 0] <= NEG / 2).all() and (out[:, 1:] > NEG / 2).all()
+    # trained with the drop, the same run does take it
+    train(tiny(), DATA_DIR, tmp_path / "with")
+    with_drop = torch.load(tmp_path / "with" / "checkpoint.pt", weights_only=False)
+    assert np.asarray(with_drop["replay"]["action"]).min() == 0
 
 
 @needs_data("the quality data")
