@@ -17,12 +17,14 @@ import math
 import random
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from edgeroute.bench.live import free_ports, gateway_clock
+from edgeroute.bench.loadgen import percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
 from edgeroute.bench.stats import shown
 from edgeroute.qos.config import (
@@ -112,35 +114,53 @@ async def run_policy(
         scrape_interval=scrape_ms / 1000 / speedup,
         max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
     )
+    lags: list[float] = []
+    lag_task = asyncio.create_task(loop_lag(lags))
     try:
         await asyncio.sleep(0.3)  # a few scrapes of the engines' load
         results = await replay(port, prompts, gaps, speedup)
     finally:
+        lag_task.cancel()
         gateway.terminate()
         await asyncio.to_thread(gateway.wait, 10)
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks)
     served = [r for r in results if r[2] == ANSWERED]
+    engines = Counter(r[3] for r in served if r[3])
     return {
-        "qos": statistics.fmean(s * (lat <= latency) for s, lat, _ in results),
-        "latency_ms": statistics.fmean(lat for _, lat, _ in served) * 1e3 if served else None,
+        "qos": statistics.fmean(s * (lat <= latency) for s, lat, _, _ in results),
+        "latency_ms": statistics.fmean(r[1] for r in served) * 1e3 if served else None,
         "drop_rate": sum(r[2] == SHED for r in results) / len(results),
         "errors": sum(r[2] == FAILED for r in results),
-        "met_share": sum(lat <= latency for _, lat, _ in results) / len(results),
+        "met_share": sum(r[1] <= latency for r in results) / len(results),
         "requests": len(results),
+        # what a bad run is made of: the policy's routing (all on one engine) or the
+        # harness (the engines' event loop falling behind, in emulated ms)
+        "busiest_share": max(engines.values()) / len(served) if engines else None,
+        "loop_lag_ms": percentile(lags, 99) * speedup * 1e3 if lags else None,
     }
 
 
 ANSWERED, SHED, FAILED = 0, 1, 2
 
 
+async def loop_lag(lags: list[float], period: float = 0.005) -> None:
+    """How late this event loop (the emulated engines' and the client's) wakes from a
+    `period` sleep, appended to `lags` (s) until cancelled."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(period)
+        lags.append(time.perf_counter() - t0 - period)
+
+
 async def replay(
     port: int, prompts: list[str], gaps: list[float], speedup: float
-) -> list[tuple[float, float, int]]:
-    """Each prompt at its instant; (score, latency per token, outcome) per request: a
-    request the connection failed under scores 0 and is counted as an error, not lost."""
-    results: list[tuple[float, float, int]] = []
+) -> list[tuple[float, float, int, str]]:
+    """Each prompt at its instant; (score, latency per token, outcome, backend) per
+    request: a request the connection failed under scores 0 and is counted as an
+    error, not lost."""
+    results: list[tuple[float, float, int, str]] = []
 
     async def one(client: httpx.AsyncClient, prompt: str) -> None:
         t0 = time.perf_counter()
@@ -150,14 +170,15 @@ async def replay(
                 json={"model": ALIAS, "messages": [{"role": "user", "content": prompt}]},
             )
         except httpx.TransportError:
-            results.append((0.0, float("inf"), FAILED))
+            results.append((0.0, float("inf"), FAILED, ""))
             return
         if r.status_code != 200:
-            results.append((0.0, float("inf"), SHED))
+            results.append((0.0, float("inf"), SHED, ""))
             return
         tokens = max(1, r.json()["usage"]["completion_tokens"])
         per_token = (time.perf_counter() - t0) * speedup / tokens
-        results.append((float(r.headers["x-emulated-score"]), per_token, ANSWERED))
+        backend = r.headers.get("x-edgeroute-backend", "")
+        results.append((float(r.headers["x-emulated-score"]), per_token, ANSWERED, backend))
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
         pending = []
@@ -254,7 +275,9 @@ def main(
             rows.append({"seed": one_seed, "policy": name, **r})
             print(
                 f"  seed {one_seed} {name:<10} QoS {r['qos']:.3f}  met L {r['met_share']:.1%}  "
-                f"drops {r['drop_rate']:.1%}" + (f"  errors {r['errors']}" if r["errors"] else ""),
+                f"drops {r['drop_rate']:.1%}  busiest {r['busiest_share'] or 0:.0%}  "
+                f"loop lag p99 {r['loop_lag_ms'] or 0:.0f} ms"
+                + (f"  errors {r['errors']}" if r["errors"] else ""),
                 flush=True,
             )
     summary = []
@@ -273,8 +296,13 @@ def main(
                 "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
                 "requests": sum(r["requests"] for r in mine),
                 "errors": sum(r["errors"] for r in mine),
+                "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
+                "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
+                "per_seed_met_share": [r["met_share"] for r in mine],
+                "per_seed_busiest_share": [r["busiest_share"] for r in mine],
+                "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
             }
         )
     write(
@@ -303,6 +331,8 @@ def main(
             "latency_ms",
             "requests",
             "errors",
+            "busiest_share",
+            "worst_loop_lag_ms",
         ],
         json_path,
         notes=(
@@ -322,7 +352,11 @@ def main(
             "[latency per token <= L], latency measured by the client; a shed request "
             "scores 0, and so does one whose connection failed (`errors`). `met_share`: requests answered within L. `minus_least_load`: the "
             "QoS difference from least-load, paired by seed. Intervals are over the "
-            "seeds; seed k is served by an agent's training run k (modulo its runs)."
+            "seeds; seed k is served by an agent's training run k (modulo its runs). "
+            "`busiest_share`: the share of answers from the engine that gave most, "
+            "averaged over seeds; `worst_loop_lag_ms`: the highest over seeds of the p99 "
+            "of how late the engines' event loop woke (emulated ms): a run where it is "
+            "large measured the harness, not the policy."
         ),
         quick=quick,
     )

@@ -81,6 +81,8 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     assert r["requests"] == 24
     assert 0.0 <= r["drop_rate"] < 1.0 and r["latency_ms"] > 0
     assert 0.0 <= r["qos"] <= r["met_share"] <= 1.0 - r["drop_rate"]
+    # every answer names its engine, and the engines' loop was watched throughout
+    assert 1 / 6 <= r["busiest_share"] <= 1.0 and r["loop_lag_ms"] >= 0.0
     assert _children() <= before
 
 
@@ -101,7 +103,7 @@ def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None
     without answering. Each request is kept, scored 0 and counted as failed."""
     from edgeroute.bench.qos_live import FAILED, replay
 
-    async def run() -> list[tuple[float, float, int]]:
+    async def run() -> list[tuple[float, float, int, str]]:
         async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.close()
 
