@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-drop",
         action="store_true",
         help="train without the drop action, for engines that queue rather than refuse "
-        "(serve the agent with shed: false)",
+        "(the served actor then never sheds)",
     )
     q.add_argument(
         "--credit",

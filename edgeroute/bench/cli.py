@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgeroute.qos.config import QUALITIES
+from edgeroute.qos.config import DEFAULT_RATE, QUALITIES
 from edgeroute.sim.edge import Fleet
 
 
@@ -65,15 +65,24 @@ def fleet_from(args: argparse.Namespace) -> Fleet:
     )
 
 
+def _positive(text: str, unit: str, symbol: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {unit}, not {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected {symbol} > 0, not {text!r}")
+    return value
+
+
 def positive_ms(text: str) -> float:
     """`--scrape-ms MS` (of `bench qos` and `train qos`): a span in ms, MS > 0."""
-    try:
-        ms = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ms, not {text!r}") from None
-    if not ms > 0:
-        raise argparse.ArgumentTypeError(f"expected MS > 0, not {text!r}")
-    return ms
+    return _positive(text, "ms", "MS")
+
+
+def positive_rate(text: str) -> float:
+    """`--rate RATE` (of `bench qos --live`): requests per second, RATE > 0."""
+    return _positive(text, "requests per second", "RATE")
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -212,6 +221,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
     q.add_argument("--seeds", type=int, default=3, help="with --live: seeds")
+    q.add_argument(
+        "--rate",
+        type=positive_rate,
+        help="with --live: requests per second (Poisson; default the paper's 5); "
+        "results of their own",
+    )
     q.add_argument(
         "--scrape-ms",
         type=positive_ms,
@@ -407,6 +422,10 @@ def _qos(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
+    if a.rate is not None and not a.live:
+        raise SystemExit(
+            "edgeroute bench qos: --rate is for --live runs (the simulation sweeps it)"
+        )
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
@@ -416,6 +435,7 @@ def _qos(a: argparse.Namespace) -> None:
             a.json,
             runs,
             a.requests,
+            rate=DEFAULT_RATE if a.rate is None else a.rate,
             n_seeds=a.seeds,
             quality=a.quality,
             scrape_ms=a.scrape_ms,

@@ -195,11 +195,12 @@ def named(
     models: dict[str, list[Path]],
     max_batch: int | None = None,
     unshed: frozenset[str] = frozenset(),
+    rate: float = DEFAULT_RATE,
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
-    the default or engines with another batch limit are another world, and agents
-    given by hand are other agents, so each gets results of its own rather than
-    overwriting the committed ones."""
+    the default, engines with another batch limit or another arrival rate are another
+    world, and agents given by hand are other agents, so each gets results of its own
+    rather than overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named
 
     base, flags = scrape_named(
@@ -208,6 +209,9 @@ def named(
     if max_batch is not None:
         base += f"_batch-{max_batch}"
         flags += f" --max-batch {max_batch}"
+    if rate != DEFAULT_RATE:
+        base += f"_rate-{rate:g}"
+        flags += f" --rate {rate:g}"
     name, model_flags = agents_named(base, models, unshed)
     return name, flags + model_flags
 
@@ -238,7 +242,7 @@ def main(
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     check_unshed(models, unshed)
-    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed)
+    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed, rate)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests

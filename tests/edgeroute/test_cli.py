@@ -184,3 +184,17 @@ def test_no_drop_trains_without_the_drop_action() -> None:
     assert train_config(parser.parse_args(["train", "qos"])).drop is True
     no_drop = train_config(parser.parse_args(["train", "qos", "--no-drop"]))
     assert no_drop.drop is False and no_drop.sac().drop is False
+
+
+def test_a_live_rate_is_positive_and_only_for_live_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["bench", "qos", "--live", "--rate", "8"]).rate == 8.0
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "qos", "--live", "--rate", bad])
+        assert "--rate: expected" in capsys.readouterr().err
+    args = parser.parse_args(["bench", "qos", "--rate", "8"])
+    with pytest.raises(SystemExit, match="--rate is for --live runs"):
+        args.func(args)
