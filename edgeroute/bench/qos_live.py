@@ -196,11 +196,12 @@ def named(
     max_batch: int | None = None,
     unshed: frozenset[str] = frozenset(),
     rate: float = DEFAULT_RATE,
+    first_seed: int = 1,
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default, engines with another batch limit or another arrival rate are another
-    world, and agents given by hand are other agents, so each gets results of its own
-    rather than overwriting the committed ones."""
+    world, agents given by hand are other agents, and other seeds other samples, so
+    each gets results of its own rather than overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named
 
     base, flags = scrape_named(
@@ -212,6 +213,9 @@ def named(
     if rate != DEFAULT_RATE:
         base += f"_rate-{rate:g}"
         flags += f" --rate {rate:g}"
+    if first_seed != 1:
+        base += f"_seed-{first_seed}"
+        flags += f" --seed {first_seed}"
     name, model_flags = agents_named(base, models, unshed)
     return name, flags + model_flags
 
@@ -242,7 +246,7 @@ def main(
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     check_unshed(models, unshed)
-    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed, rate)
+    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed, rate, seed)
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests
