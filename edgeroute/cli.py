@@ -247,6 +247,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
+        episode_len=args.episode_len,
         warmup=min(args.warmup, args.steps),
         envs=args.envs,
         update_every=args.update_every,
@@ -445,6 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the predictor is the one in that world's folder (models/qos, models/qos/routerdc)",
     )
     q.add_argument("--steps", type=int, default=t.steps, help="environment steps")
+    q.add_argument(
+        "--episode-len",
+        type=int,
+        default=t.episode_len,
+        help="decisions per training episode (live runs are 1,000 requests long)",
+    )
     q.add_argument("--warmup", type=int, default=t.warmup, help="random steps before learning")
     q.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between evaluations")
     q.add_argument(

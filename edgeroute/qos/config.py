@@ -168,6 +168,8 @@ class TrainConfig:
     layers: int = 1
 
     def __post_init__(self) -> None:
+        if self.episode_len < 1:
+            raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
         if self.impact == "hindsight" and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError("the hindsight impact is credited per request (credit 'request')")

@@ -184,6 +184,11 @@ def test_no_drop_trains_without_the_drop_action() -> None:
     assert train_config(parser.parse_args(["train", "qos"])).drop is True
     no_drop = train_config(parser.parse_args(["train", "qos", "--no-drop"]))
     assert no_drop.drop is False and no_drop.sac().drop is False
+    assert train_config(parser.parse_args(["train", "qos"])).episode_len == 256
+    long = train_config(parser.parse_args(["train", "qos", "--episode-len", "1000"]))
+    assert long.episode_len == 1000
+    with pytest.raises(ValueError, match="at least one decision"):
+        train_config(parser.parse_args(["train", "qos", "--episode-len", "0"]))
 
 
 def test_a_live_rate_is_positive_and_only_for_live_runs(
