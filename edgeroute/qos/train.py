@@ -253,7 +253,9 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             spent["credit and replay"] += time.perf_counter() - t1
         before, step = step, step + len(envs)
         t0 = time.perf_counter()
-        if step > cfg.warmup:
+        # Credit in hindsight waits for a whole episode: with long episodes the replay
+        # can still be empty after the warm-up.
+        if step > cfg.warmup and replay.size > 0:
             for _ in range(step // cfg.update_every - before // cfg.update_every):
                 last_log = sac.update(replay, rng)
         spent["SAC updates"] += time.perf_counter() - t0

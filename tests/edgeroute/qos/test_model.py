@@ -177,6 +177,19 @@ def test_an_agent_trained_without_the_drop_never_drops(tmp_path: Path) -> None:
 
 
 @needs_data("the quality data")
+def test_hindsight_credit_on_episodes_longer_than_the_warm_up_trains(tmp_path: Path) -> None:
+    """In hindsight, routed requests' transitions reach the replay only when their
+    episode ends (drops at once, so none here); with episodes longer than the whole
+    run no update can sample, and the run still ends with an exported actor rather
+    than sampling an empty replay."""
+    cfg = tiny(impact="hindsight", episode_len=1000, drop=False)
+    result = train(cfg, DATA_DIR, tmp_path)
+    assert (tmp_path / "actor.onnx").exists()
+    history = result["history"]
+    assert isinstance(history, list) and all("loss_q" not in h for h in history)
+
+
+@needs_data("the quality data")
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """The first run stops at 128 steps; the second, asked for 256, carries on from
     its checkpoint (learner, optimisers, replay and history) instead of starting over."""
