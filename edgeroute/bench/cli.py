@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from edgeroute.qos.config import DEFAULT_RATE, QUALITIES
@@ -235,6 +236,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the gateway scrapes so (default: its own); results of their own",
     )
     q.add_argument(
+        "--held-out-hardware",
+        action="store_true",
+        help="simulation: every point on held-out hardware (environment seed k on the k-th "
+        "held-out draw) rather than all on hardware seed 0; results of their own",
+    )
+    q.add_argument(
         "--max-batch",
         type=int,
         help="with --live: each emulated engine runs at most this many requests at once "
@@ -422,10 +429,9 @@ def _qos(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
-    if a.rate is not None and not a.live:
-        raise SystemExit(
-            "edgeroute bench qos: --rate is for --live runs (the simulation sweeps it)"
-        )
+    ignored = _ignored_by_mode(a)
+    if ignored:
+        raise SystemExit(f"edgeroute bench qos: {ignored}")
     if a.live:
         from edgeroute.bench.qos_live import main as live
 
@@ -453,7 +459,38 @@ def _qos(a: argparse.Namespace) -> None:
         a.scrape_ms,
         fleet_from(a),
         frozenset(a.no_shed),
+        a.held_out_hardware,
     )
+
+
+def _ignored_by_mode(a: argparse.Namespace) -> str | None:
+    """Why an option given to `bench qos` would do nothing in the run asked for (live or
+    simulated), or None: an ignored option would let a results file claim a setting
+    its run did not have."""
+    if not a.live:
+        live_only = (
+            ("--rate", a.rate, "the simulation sweeps it"),
+            ("--max-batch", a.max_batch, "simulated experts take --running-cap"),
+        )
+        for flag, value, why in live_only:
+            if value is not None:
+                return f"{flag} is for --live runs ({why})"
+        return None
+    changed = [
+        f.name for f in fields(Fleet) if getattr(fleet_from(a), f.name) != getattr(Fleet(), f.name)
+    ]
+    simulated_only = (
+        (["trace"] if a.trace is not None else [])
+        + (["held_out_hardware"] if a.held_out_hardware else [])
+        + changed
+    )
+    if simulated_only:
+        flag = "--" + simulated_only[0].replace("_", "-")
+        return (
+            f"{flag} is for simulated runs (a --live run serves its six emulated engines; "
+            "--max-batch caps their batch)"
+        )
+    return None
 
 
 def _qos_impact(a: argparse.Namespace) -> None:

@@ -98,6 +98,20 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
     return f"{base}_scrape-{scrape_ms:g}ms", f" --scrape-ms {scrape_ms:g}"
 
 
+def variant_named(base: str, first_seed: int = 1, held_out: bool = False) -> tuple[str, str]:
+    """The results' name and flags for other samples of a world: hardware drawn from the
+    held-out seeds at every point, or environment seeds from another first one. Results
+    of their own, so that the committed ones stay what their command says."""
+    flags = ""
+    if held_out:
+        base += "_held-out-hw"
+        flags += " --held-out-hardware"
+    if first_seed != 1:
+        base += f"_seed-{first_seed}"
+        flags += f" --seed {first_seed}"
+    return base, flags
+
+
 def main(
     quick: bool,
     seed: int,
@@ -108,6 +122,7 @@ def main(
     scrape_ms: float | None = None,
     fleet: Fleet = Fleet(),
     unshed: frozenset[str] = frozenset(),
+    held_out: bool = False,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure pools its training seeds and the environment
@@ -116,7 +131,8 @@ def main(
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
     agents trained on, `edgeroute train qos`'s same options). `unshed`: agents served
-    with `shed=False` (never drop)."""
+    with `shed=False` (never drop). `held_out`: every point's environment seed k runs
+    on the k-th held-out hardware draw rather than all on hardware seed 0."""
     from workers.quality import default_data_dir
 
     check_unshed(models, unshed)
@@ -127,6 +143,7 @@ def main(
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
+    base, variant_flags = variant_named(base, seed, held_out)
     result_name, model_flags = agents_named(base, models, unshed)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
@@ -161,13 +178,13 @@ def main(
         rate: float = DEFAULT_RATE,
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
-        held_out: bool = False,
+        held_out_here: bool = held_out,
         engines: bool = False,
     ) -> EdgeEnv:
         """The k-th environment seed's episode: hardware seed 0 (no agent trained on
         it), the k-th held-out hardware or the live run's six engines; a trace is read
         from its k-th window."""
-        hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out else 0
+        hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out_here else 0
         return EdgeEnv(
             engine_experts(QUALITY_MODELS[quality])
             if engines
@@ -186,7 +203,8 @@ def main(
         settings += [(f"N={n}", {"n": n}) for n in (3, 9, 12)]
         settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
         settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
-        settings.append(("held-out hardware", {"held_out": True}))
+        if not held_out:  # else every point is on held-out hardware
+            settings.append(("held-out hardware", {"held_out_here": True}))
         settings.append(("live engines", {"engines": True}))
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []
@@ -256,9 +274,14 @@ def main(
         "half-width). Predictions are the served predictor's own outputs; prompts are "
         f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
-        "Hardware is seed 0 or, for `held-out hardware`, seeds "
-        f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on; `live engines` "
-        "are the six engine profiles of `bench qos --live` (their own time constants, "
+        + (
+            f"Hardware is seed {HELD_OUT_HARDWARE[0]} + k for environment seed k at every "
+            "point (`--held-out-hardware`): none trained on; `live engines` "
+            if held_out
+            else "Hardware is seed 0 or, for `held-out hardware`, seeds "
+            f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on; `live engines` "
+        )
+        + "are the six engine profiles of `bench qos --live` (their own time constants, "
         "batch caps and KV memory, whatever the fleet). The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
@@ -287,6 +310,7 @@ def main(
             + quality_flag(quality)
             + fleet.flags()
             + scrape_flag
+            + variant_flags
             + model_flags,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
             "seeds": seeds,

@@ -202,7 +202,7 @@ def named(
     the default, engines with another batch limit or another arrival rate are another
     world, agents given by hand are other agents, and other seeds other samples, so
     each gets results of its own rather than overwriting the committed ones."""
-    from edgeroute.bench.qos import agents_named, scrape_named
+    from edgeroute.bench.qos import agents_named, scrape_named, variant_named
 
     base, flags = scrape_named(
         "qos_live" + quality_suffix(quality), None if scrape_ms == SCRAPE_MS else scrape_ms
@@ -213,11 +213,9 @@ def named(
     if rate != DEFAULT_RATE:
         base += f"_rate-{rate:g}"
         flags += f" --rate {rate:g}"
-    if first_seed != 1:
-        base += f"_seed-{first_seed}"
-        flags += f" --seed {first_seed}"
+    base, seed_flags = variant_named(base, first_seed)
     name, model_flags = agents_named(base, models, unshed)
-    return name, flags + model_flags
+    return name, flags + seed_flags + model_flags
 
 
 def main(

@@ -203,3 +203,32 @@ def test_a_live_rate_is_positive_and_only_for_live_runs(
     args = parser.parse_args(["bench", "qos", "--rate", "8"])
     with pytest.raises(SystemExit, match="--rate is for --live runs"):
         args.func(args)
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--max-batch", "5"], "--max-batch is for --live runs"),
+        (["--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
+        (["--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
+        (["--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),
+        (["--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
+        (["--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
+        (["--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
+    ],
+)
+def test_bench_qos_refuses_an_option_its_mode_would_ignore(
+    argv: list[str], refused: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refused before anything runs: a results file must not name a setting its run lacked.
+    import edgeroute.bench.qos
+    import edgeroute.bench.qos_live
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(edgeroute.bench.qos, "main", ran)
+    monkeypatch.setattr(edgeroute.bench.qos_live, "main", ran)
+    args = build_parser().parse_args(["bench", "qos", *argv])
+    with pytest.raises(SystemExit, match=refused):
+        args.func(args)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from edgeroute.bench.qos import agents_named, main, scrape_named
+from edgeroute.bench.qos import agents_named, main, scrape_named, variant_named
 from policies.predictor import DEFAULT_MODEL_DIR
 from tests.support import DATA_DIR, needs_data
 
@@ -36,6 +38,40 @@ def test_only_an_agent_given_by_hand_can_be_served_without_shedding() -> None:
 def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:
     assert scrape_named("qos_routerdc", None) == ("qos_routerdc", "")
     assert scrape_named("qos", 1000.0) == ("qos_scrape-1000ms", " --scrape-ms 1000")
+
+
+def test_other_hardware_draws_and_seeds_write_results_of_their_own() -> None:
+    assert variant_named("qos") == ("qos", "")
+    assert variant_named("qos", 1, held_out=True) == ("qos_held-out-hw", " --held-out-hardware")
+    assert variant_named("qos", 7) == ("qos_seed-7", " --seed 7")
+    assert variant_named("qos", 7, held_out=True) == (
+        "qos_held-out-hw_seed-7",
+        " --held-out-hardware --seed 7",
+    )
+
+
+@needs_data("the RouterDC data")
+def test_held_out_hardware_moves_every_point_off_hardware_seed_0(tmp_path: Path) -> None:
+    """A quick sweep (the default point and the trace, one environment seed) on held-out
+    hardware: its command says so, and the same policy on the same requests scores
+    otherwise than on hardware seed 0, at both points."""
+    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    runs = {}
+    for held_out in (False, True):
+        out = tmp_path / f"{held_out}.json"
+        main(True, 1, str(out), agent, None, quality="routerdc", held_out=held_out)
+        runs[held_out] = json.loads(out.read_text())
+    assert "--held-out-hardware" in runs[True]["config"]["command"]
+    assert "--held-out-hardware" not in runs[False]["config"]["command"]
+
+    def qos(run: dict[str, Any]) -> dict[str, list[float]]:
+        return {
+            r["setting"]: r["per_seed_qos"] for r in run["results"] if r["policy"] == "least_load"
+        }
+
+    assert qos(runs[True]).keys() == qos(runs[False]).keys() == {"default", "azure trace"}
+    for setting, on_seed_0 in qos(runs[False]).items():
+        assert qos(runs[True])[setting] != on_seed_0, setting
 
 
 @needs_data("the quality data")
