@@ -476,9 +476,8 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
             if value is not None:
                 return f"{flag} is for --live runs ({why})"
         return None
-    changed = [
-        f.name for f in fields(Fleet) if getattr(fleet_from(a), f.name) != getattr(Fleet(), f.name)
-    ]
+    given, default = fleet_from(a), Fleet()
+    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
     simulated_only = (
         (["trace"] if a.trace is not None else [])
         + (["held_out_hardware"] if a.held_out_hardware else [])
