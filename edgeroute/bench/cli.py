@@ -86,6 +86,17 @@ def positive_rate(text: str) -> float:
     return _positive(text, "requests per second", "RATE")
 
 
+def positive_int(text: str) -> int:
+    """`--seeds N` (of `bench qos`): a count, N >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected N >= 1, not {text!r}")
+    return value
+
+
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help line, unless the help already names it."""
 
@@ -221,7 +232,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
-    q.add_argument("--seeds", type=int, default=3, help="with --live: seeds")
+    q.add_argument(
+        "--seeds",
+        type=positive_int,
+        help="environment seeds: live, 3 by default; in simulation, per point, 10 by "
+        "default (1 with --quick), another number writes results of its own",
+    )
     q.add_argument(
         "--rate",
         type=positive_rate,
@@ -442,7 +458,7 @@ def _qos(a: argparse.Namespace) -> None:
             runs,
             a.requests,
             rate=DEFAULT_RATE if a.rate is None else a.rate,
-            n_seeds=a.seeds,
+            n_seeds=3 if a.seeds is None else a.seeds,
             quality=a.quality,
             scrape_ms=a.scrape_ms,
             max_batch=a.max_batch,
@@ -460,6 +476,7 @@ def _qos(a: argparse.Namespace) -> None:
         fleet_from(a),
         frozenset(a.no_shed),
         a.held_out_hardware,
+        a.seeds,
     )
 
 

@@ -40,7 +40,6 @@ from edgeroute.qos.config import (
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.edge import (
-    HELD_OUT_HARDWARE,
     QUALITY_MODELS,
     EdgeEnv,
     Fleet,
@@ -49,6 +48,7 @@ from edgeroute.sim.edge import (
     azure_arrivals,
     default_experts,
     engine_experts,
+    held_out_hardware,
     load_tasks,
 )
 from policies import PipelineSpec, build_pipeline
@@ -98,10 +98,13 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
     return f"{base}_scrape-{scrape_ms:g}ms", f" --scrape-ms {scrape_ms:g}"
 
 
-def variant_named(base: str, first_seed: int = 1, held_out: bool = False) -> tuple[str, str]:
+def variant_named(
+    base: str, first_seed: int = 1, held_out: bool = False, seeds: int | None = None
+) -> tuple[str, str]:
     """The results' name and flags for other samples of a world: hardware drawn from the
-    held-out seeds at every point, or environment seeds from another first one. Results
-    of their own, so that the committed ones stay what their command says."""
+    held-out seeds at every point, environment seeds from another first one, or another
+    number of them (None: the mode's default). Results of their own, so that the
+    committed ones stay what their command says."""
     flags = ""
     if held_out:
         base += "_held-out-hw"
@@ -109,6 +112,9 @@ def variant_named(base: str, first_seed: int = 1, held_out: bool = False) -> tup
     if first_seed != 1:
         base += f"_seed-{first_seed}"
         flags += f" --seed {first_seed}"
+    if seeds is not None:
+        base += f"_seeds-{seeds}"
+        flags += f" --seeds {seeds}"
     return base, flags
 
 
@@ -123,6 +129,7 @@ def main(
     fleet: Fleet = Fleet(),
     unshed: frozenset[str] = frozenset(),
     held_out: bool = False,
+    n_seeds: int | None = None,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure pools its training seeds and the environment
@@ -132,18 +139,19 @@ def main(
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
     agents trained on, `edgeroute train qos`'s same options). `unshed`: agents served
     with `shed=False` (never drop). `held_out`: every point's environment seed k runs
-    on the k-th held-out hardware draw rather than all on hardware seed 0."""
+    on the k-th held-out hardware draw rather than all on hardware seed 0. `n_seeds`:
+    environment seeds per point (None: 10, or 1 for a quick run)."""
     from workers.quality import default_data_dir
 
     check_unshed(models, unshed)
     data = default_data_dir()
     tasks = load_tasks(data, split="eval", quality=quality)
-    seeds = [seed + 100 + i for i in range(1 if quick else 10)]
+    seeds = [seed + 100 + i for i in range(n_seeds or (1 if quick else 10))]
     episode = 256 if quick else 512
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
-    base, variant_flags = variant_named(base, seed, held_out)
+    base, variant_flags = variant_named(base, seed, held_out, n_seeds)
     result_name, model_flags = agents_named(base, models, unshed)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
@@ -184,7 +192,7 @@ def main(
         """The k-th environment seed's episode: hardware seed 0 (no agent trained on
         it), the k-th held-out hardware or the live run's six engines; a trace is read
         from its k-th window."""
-        hardware = HELD_OUT_HARDWARE[k % len(HELD_OUT_HARDWARE)] if held_out_here else 0
+        hardware = held_out_hardware(k) if held_out_here else 0
         return EdgeEnv(
             engine_experts(QUALITY_MODELS[quality])
             if engines
@@ -275,11 +283,12 @@ def main(
         f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
         + (
-            f"Hardware is seed {HELD_OUT_HARDWARE[0]} + k for environment seed k at every "
+            f"Hardware is seed {held_out_hardware(0)} + k for environment seed k at every "
             "point (`--held-out-hardware`): none trained on; `live engines` "
             if held_out
             else "Hardware is seed 0 or, for `held-out hardware`, seeds "
-            f"{HELD_OUT_HARDWARE[0]}-{HELD_OUT_HARDWARE[-1]}: none trained on; `live engines` "
+            f"{held_out_hardware(0)}-{held_out_hardware(len(seeds) - 1)}: none trained on; "
+            "`live engines` "
         )
         + "are the six engine profiles of `bench qos --live` (their own time constants, "
         "batch caps and KV memory, whatever the fleet). The trace "

@@ -76,7 +76,14 @@ class EdgeExpert:
 # Hardware is split like the prompts: agents train on experts drawn from these seeds,
 # and are evaluated on others (seed 0, the benchmark's default, and HELD_OUT_HARDWARE).
 TRAIN_HARDWARE = range(1, 10_001)
-HELD_OUT_HARDWARE = tuple(range(20_001, 20_011))
+
+
+def held_out_hardware(k: int) -> int:
+    """The hardware seed of the k-th held-out draw (k >= 0): none is a training seed."""
+    return 20_001 + k
+
+
+HELD_OUT_HARDWARE = tuple(held_out_hardware(k) for k in range(10))
 
 
 # Base milliseconds per iteration of the benchmark's experts (one RTX 4090-class GPU each).

@@ -205,6 +205,39 @@ def test_a_live_rate_is_positive_and_only_for_live_runs(
         args.func(args)
 
 
+def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgeroute.bench.qos
+    import edgeroute.bench.qos_live
+
+    parser = build_parser()
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "qos", "--seeds", bad])
+        assert "--seeds: expected" in capsys.readouterr().err
+    seen: dict[str, object] = {}
+
+    def simulated(*args: object, **kwargs: object) -> None:
+        seen["simulated"] = args[-1]
+
+    def live(*args: object, **kwargs: object) -> None:
+        seen["live"] = kwargs["n_seeds"]
+
+    monkeypatch.setattr(edgeroute.bench.qos, "main", simulated)
+    monkeypatch.setattr(edgeroute.bench.qos_live, "main", live)
+    for argv, mode, expected in (
+        ([], "simulated", None),  # the sweep's own 10
+        (["--seeds", "30"], "simulated", 30),
+        (["--live"], "live", 3),
+        (["--live", "--seeds", "20"], "live", 20),
+    ):
+        seen.clear()
+        args = parser.parse_args(["bench", "qos", *argv])
+        args.func(args)
+        assert seen == {mode: expected}, argv
+
+
 @pytest.mark.parametrize(
     ("argv", "refused"),
     [

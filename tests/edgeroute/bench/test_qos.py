@@ -48,6 +48,11 @@ def test_other_hardware_draws_and_seeds_write_results_of_their_own() -> None:
         "qos_held-out-hw_seed-7",
         " --held-out-hardware --seed 7",
     )
+    assert variant_named("qos", seeds=30) == ("qos_seeds-30", " --seeds 30")
+    assert variant_named("qos", 1, True, 30) == (
+        "qos_held-out-hw_seeds-30",
+        " --held-out-hardware --seeds 30",
+    )
 
 
 @needs_data("the RouterDC data")
@@ -72,6 +77,34 @@ def test_held_out_hardware_moves_every_point_off_hardware_seed_0(tmp_path: Path)
     assert qos(runs[True]).keys() == qos(runs[False]).keys() == {"default", "azure trace"}
     for setting, on_seed_0 in qos(runs[False]).items():
         assert qos(runs[True])[setting] != on_seed_0, setting
+
+
+@needs_data("the RouterDC data")
+def test_more_environment_seeds_each_run_on_a_hardware_draw_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the first ten held-out draws, environment seed k still gets hardware of its
+    own (no wrap onto an earlier draw, which would count one world twice), and none of
+    it is training hardware."""
+    from edgeroute.sim.edge import TRAIN_HARDWARE, default_experts
+
+    drawn: list[int] = []
+
+    def recorded(n: int, seed: int, **kw: Any) -> Any:
+        drawn.append(seed)
+        return default_experts(n, seed=seed, **kw)
+
+    monkeypatch.setattr("edgeroute.bench.qos.default_experts", recorded)
+    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    out = tmp_path / "seeds.json"
+    main(True, 1, str(out), agent, None, quality="routerdc", held_out=True, n_seeds=12)
+    run = json.loads(out.read_text())
+    assert "--held-out-hardware --seeds 12 " in run["config"]["command"]
+    assert [len(r["per_seed_qos"]) for r in run["results"]] == [12] * len(run["results"])
+    per_point = drawn[: len(drawn) // 2]  # the default point's, then the trace's
+    assert per_point == drawn[len(drawn) // 2 :]
+    hardware = list(dict.fromkeys(per_point))
+    assert len(hardware) == 12 and not set(hardware) & set(TRAIN_HARDWARE)
 
 
 @needs_data("the quality data")
