@@ -146,12 +146,13 @@ def main(
     check_unshed(models, unshed)
     data = default_data_dir()
     tasks = load_tasks(data, split="eval", quality=quality)
-    seeds = [seed + 100 + i for i in range(n_seeds or (1 if quick else 10))]
+    usual = 1 if quick else 10
+    seeds = [seed + 100 + i for i in range(n_seeds or usual)]
     episode = 256 if quick else 512
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
-    base, variant_flags = variant_named(base, seed, held_out, n_seeds)
+    base, variant_flags = variant_named(base, seed, held_out, None if n_seeds == usual else n_seeds)
     result_name, model_flags = agents_named(base, models, unshed)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {

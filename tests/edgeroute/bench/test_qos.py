@@ -68,6 +68,10 @@ def test_held_out_hardware_moves_every_point_off_hardware_seed_0(tmp_path: Path)
         runs[held_out] = json.loads(out.read_text())
     assert "--held-out-hardware" in runs[True]["config"]["command"]
     assert "--held-out-hardware" not in runs[False]["config"]["command"]
+    # the usual count given by hand is the same run, not results of their own
+    same = tmp_path / "usual.json"
+    main(True, 1, str(same), agent, None, quality="routerdc", held_out=True, n_seeds=1)
+    assert json.loads(same.read_text())["config"] == runs[True]["config"]
 
     def qos(run: dict[str, Any]) -> dict[str, list[float]]:
         return {
