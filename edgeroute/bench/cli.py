@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 from edgeroute.qos.config import DEFAULT_RATE, QUALITIES
 from edgeroute.sim.edge import Fleet
+
+_N = TypeVar("_N", int, float)
 
 
 def ms_range(text: str) -> tuple[float, float]:
@@ -66,9 +70,9 @@ def fleet_from(args: argparse.Namespace) -> Fleet:
     )
 
 
-def _positive(text: str, unit: str, symbol: str) -> float:
+def _positive(text: str, unit: str, symbol: str, kind: Callable[[str], _N]) -> _N:
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {unit}, not {text!r}") from None
     if not value > 0:
@@ -78,23 +82,17 @@ def _positive(text: str, unit: str, symbol: str) -> float:
 
 def positive_ms(text: str) -> float:
     """`--scrape-ms MS` (of `bench qos` and `train qos`): a span in ms, MS > 0."""
-    return _positive(text, "ms", "MS")
+    return _positive(text, "ms", "MS", float)
 
 
 def positive_rate(text: str) -> float:
     """`--rate RATE` (of `bench qos --live`): requests per second, RATE > 0."""
-    return _positive(text, "requests per second", "RATE")
+    return _positive(text, "requests per second", "RATE", float)
 
 
 def positive_int(text: str) -> int:
-    """`--seeds N` (of `bench qos`): a count, N >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected N >= 1, not {text!r}")
-    return value
+    """`--seeds N` (of `bench qos`): a count, N > 0."""
+    return _positive(text, "a whole number", "N", int)
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
