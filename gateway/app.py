@@ -481,6 +481,7 @@ def create_app(settings: Settings) -> FastAPI:
         # collector's full passes, which otherwise stall requests now and then.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(settings.gc_young_threshold, *gc.get_threshold()[1:])
         yield
         await gw.stop()
 

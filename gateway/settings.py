@@ -246,6 +246,10 @@ class Settings(BaseSettings):
     # Gateway processes on the port, each a replica sharing the store (one core each).
     processes: int = Field(default=1, ge=1, le=64)
     http_parser: Literal["httptools", "h11"] = "httptools"
+    # Container objects allocated (net) between two young-generation collections.
+    # Python's 700 suits short scripts; a gateway keeps tens of thousands alive in
+    # flight, and every collection walks them: see docs/performance.md ("Collections").
+    gc_young_threshold: int = Field(default=10_000, ge=100)
 
     @field_validator("admin_token", mode="after")
     @classmethod

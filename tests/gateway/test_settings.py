@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -116,3 +119,22 @@ def test_clients_close_idle_connections_before_the_gateway_does() -> None:
     # they close them: our workers, and uvicorn's servers (vLLM's) at their default.
     uvicorn_default = uvicorn.Config(app=None).timeout_keep_alive
     assert min(ClientLimits().keepalive_seconds, uvicorn_default) > UPSTREAM_KEEPALIVE
+
+
+def test_the_collector_runs_as_the_settings_say_once_the_gateway_is_up(
+    start_gateway: Callable[..., tuple[str, Any]],
+) -> None:
+    """The young generation's threshold is the gateway's setting (Python's 700 walks
+    the requests in flight about every seven of them), and what the gateway built at
+    start is frozen out of every collection."""
+    before = gc.get_threshold()
+    try:
+        gc.unfreeze()
+        url, _ = start_gateway([], gc_young_threshold=12_345)
+        assert httpx.get(url + "/healthz").status_code == 200
+        assert gc.get_threshold() == (12_345, *before[1:])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.set_threshold(*before)
+    with pytest.raises(ValueError, match="gc_young_threshold"):
+        Settings(gc_young_threshold=10)
