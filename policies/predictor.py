@@ -27,8 +27,9 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
 BUCKETS = 10
 MAX_TOKENS = 300.0
 # Bucket midpoints: the values the features carry for a predicted bucket.
-_SCORE_MID = [(b + 0.5) / BUCKETS for b in range(BUCKETS)]
-_LENGTH_MID = [(b + 0.5) * MAX_TOKENS / BUCKETS for b in range(BUCKETS)]
+SCORE_MIDPOINTS = [(b + 0.5) / BUCKETS for b in range(BUCKETS)]
+LENGTH_MIDPOINTS = [(b + 0.5) * MAX_TOKENS / BUCKETS for b in range(BUCKETS)]
+_NO_WORDS = np.zeros(1, np.int64)
 
 
 class ScorePredictor:
@@ -41,6 +42,7 @@ class ScorePredictor:
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
+        self.folder = model_dir
         self._session = ort.InferenceSession(
             str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
         )
@@ -78,6 +80,13 @@ class ScorePredictor:
             )
         return found
 
+    @staticmethod
+    def prompt_ids(prompt: str) -> np.ndarray:
+        """The graph's `ids` input [1, T]: the prompt's grams, or for a prompt without
+        words the padding id alone, which pools to zero."""
+        ids = gram_ids(prompt)
+        return (ids if len(ids) else _NO_WORDS)[None]
+
     def predict_for(
         self, prompt: str, backends: Sequence[BackendView]
     ) -> list[tuple[float, float]]:
@@ -103,11 +112,8 @@ class ScorePredictor:
         distinct, where, unknown = rows
         if not len(distinct):
             return []
-        ids = gram_ids(prompt)
-        if not len(ids):
-            ids = np.zeros(1, np.int64)  # no words: the padding id, which pools to zero
-        buckets = self._session.run(None, {"ids": ids[None], "expert": distinct})[0]
-        per_row = [(_SCORE_MID[a], _LENGTH_MID[b]) for a, b in buckets.tolist()]
+        buckets = self._session.run(None, {"ids": self.prompt_ids(prompt), "expert": distinct})[0]
+        per_row = [(SCORE_MIDPOINTS[a], LENGTH_MIDPOINTS[b]) for a, b in buckets.tolist()]
         if unknown:
             k = len(per_row)
             per_row.append((sum(p[0] for p in per_row) / k, sum(p[1] for p in per_row) / k))

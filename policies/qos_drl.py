@@ -1,12 +1,14 @@
-"""The QoS-aware deep-RL router, served: the trained actor as one ONNX graph.
+"""The QoS-aware deep-RL router, served: the trained actor and the predictor as one
+ONNX graph.
 
 For each arriving request the policy predicts, per candidate backend, the bucketised
-score and output length (the predictor, also ONNX), builds the HAN state from the
-snapshot (backend memory use and the gateway's in-flight requests on it, with their
-progress) exactly as in training (`policies.qos_state.encode`), and takes the actor's
-most likely action. Action 0, drop, becomes load shedding: a 503 with Retry-After;
-with `shed=False` (engines that queue rather than refuse, and clients that would rather
-have a late answer than none) the policy takes the most likely backend instead.
+score and output length (the predictor), builds the HAN state from the snapshot
+(backend memory use and the gateway's in-flight requests on it, with their progress)
+exactly as in training (`policies.qos_state.encode`), and takes the actor's most likely
+action, all in one onnxruntime run of the graph `policies.qos_graph` joins at load.
+Action 0, drop, becomes load shedding: a 503 with Retry-After; with `shed=False`
+(engines that queue rather than refuse, and clients that would rather have a late
+answer than none) the policy takes the most likely backend instead.
 
 It needs onnxruntime and the committed model files, not PyTorch.
 """
@@ -34,7 +36,8 @@ from policies.predictor import (
     load_predictor,
     predictor_dir,
 )
-from policies.qos_state import INPUTS, FeatureCache, encode, snapshot
+from policies.qos_graph import joined
+from policies.qos_state import FeatureCache, expert_columns, snapshot
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
 
@@ -54,14 +57,19 @@ class QoSDRL:
         `shed=False`: never drop, route to the actor's most likely backend."""
         import onnxruntime as ort
 
+        self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
-        providers = ["CPUExecutionProvider"]
-        self._actor = ort.InferenceSession(str(model_dir / "actor.onnx"), opts, providers=providers)
-        self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
+        self._session = ort.InferenceSession(
+            joined(model_dir / "actor.onnx", self.predictor.folder / "predictor.onnx"),
+            opts,
+            providers=["CPUExecutionProvider"],
+        )
+        inputs = {i.name for i in self._session.get_inputs()}
+        self._scalars, self._queues = "scalars" in inputs, "packed" in inputs
+        self._unknown = len(self.predictor.models)  # the model index of the mean of all
+        self._models: dict[tuple[int | None, ...], np.ndarray] = {}
         self._features: FeatureCache = {}
-        names = {i.name for i in self._actor.get_inputs()}
-        self._inputs = [k for k in INPUTS if k in names]
         # the gateway's default filters, their verdicts kept per model and view epoch
         self._filters = Pipeline(
             "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
@@ -83,6 +91,7 @@ class QoSDRL:
         sessions."""
         other = copy.copy(self)
         other._features = {}
+        other._models = {}
         other.shed = shed
         other._target(latency_ms)
         return other
@@ -95,8 +104,9 @@ class QoSDRL:
         best = self._best(logits)
         if best == 0:
             return self._shed
+        score, length = preds[best - 1].tolist()
         return Decision(
-            candidates[best - 1].id, predicted=preds[best - 1], token_target=self.latency
+            candidates[best - 1].id, predicted=(score, length), token_target=self.latency
         )
 
     def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
@@ -108,8 +118,9 @@ class QoSDRL:
         if self._best(logits) == 0:
             return (self._shed,)
         order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
+        predicted = preds.tolist()
         return tuple(
-            Decision(candidates[i].id, predicted=preds[i], token_target=self.latency)
+            Decision(candidates[i].id, predicted=tuple(predicted[i]), token_target=self.latency)
             for i in order.tolist()
         )
 
@@ -119,23 +130,41 @@ class QoSDRL:
 
     def _scored(
         self, req: RequestInfo, view: ClusterView
-    ) -> tuple[Sequence[BackendView], list[tuple[float, float]], np.ndarray] | Decision:
-        """The candidates, their predictions and the actor's logits over {drop, each};
-        or the rejection naming the filter that left no candidate."""
+    ) -> tuple[Sequence[BackendView], np.ndarray, np.ndarray] | Decision:
+        """The candidates, their predictions [N, 2] and the actor's logits over {drop,
+        each}; or the rejection naming the filter that left no candidate."""
         candidates = self._filters.candidates(req, view)
         if isinstance(candidates, Decision):
             return candidates
-        preds = self.predictor.predict_for(req.prompt, candidates)
-        obs = encode(
-            req.prompt_tokens,
-            preds,
-            [snapshot(b, view.stale_after, self._features) for b in candidates],
-            self.latency,
-            req.now,
-        )
-        feeds: dict[str, Any] = {k: obs[k][None] for k in self._inputs}
-        logits: np.ndarray = self._actor.run(["logits"], feeds)[0][0]
-        return candidates, preds, logits
+        experts = [snapshot(b, view.stale_after, self._features) for b in candidates]
+        latency = self.latency
+        feeds: dict[str, Any] = {
+            "ids": self.predictor.prompt_ids(req.prompt),
+            "model": self._model_rows(candidates),
+            # the predictions' columns are left to the graph
+            "experts_own": np.array([expert_columns(e, latency) for e in experts], np.float32)[
+                None
+            ],
+        }
+        if self._scalars:
+            feeds["scalars"] = np.array(((req.prompt_tokens, req.now, latency),))
+        if self._queues:
+            feeds["packed"] = np.array([e.packed for e in experts])[None]
+        logits, preds = self._session.run(None, feeds)
+        return candidates, preds, logits[0]
+
+    def _model_rows(self, candidates: Sequence[BackendView]) -> np.ndarray:
+        """Each candidate's model index in the predictor, the unknown ones' the index
+        of the mean of all; kept per tuple (candidate sets come and go with health)."""
+        key = tuple(map(self.predictor.expert_of, candidates))
+        rows = self._models.get(key)
+        if rows is None:
+            if len(self._models) >= 256:
+                self._models.clear()
+            rows = self._models[key] = np.array(
+                [self._unknown if e is None else e for e in key], np.int64
+            )
+        return rows
 
 
 def load(

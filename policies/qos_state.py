@@ -32,6 +32,7 @@ F_REQ, F_EXPERT = 6, 6
 
 
 QUEUE_CAP = 5  # request rows per queue (running, waiting) that the actor reads
+PER_TOKEN_CAP = 5.0  # seconds per token, in multiples of L, beyond which all is late
 # Columns of a backend's packed rows beyond the features: when each request started,
 # its tokens so far (at least 1), and whether the row holds a request.
 _STARTED, _PER_TOKEN, _PRESENT = F_REQ, F_REQ + 1, F_REQ + 2
@@ -157,6 +158,24 @@ def snapshot(
     return snap
 
 
+def expert_columns(
+    e: ExpertSnapshot, latency_req: float, score: float = 0.0, length: float = 0.0
+) -> tuple[float, ...]:
+    """An expert's row of eq. 10's features (see the module's docstring), with the
+    arrived request's predicted score and length (tokens) on it in columns
+    PREDICTION_COLUMN and the next."""
+    return (
+        e.memory,
+        e.running / e.running_cap,
+        e.waiting / e.waiting_cap,
+        score,
+        length / MAX_TOKENS,
+        min(PER_TOKEN_CAP, e.token_latency / latency_req),
+    )
+
+
+PREDICTION_COLUMN = 3
+
 _EMPTY_PACKED = np.array(((_EMPTY_ROW,) * QUEUE_CAP,) * 2)
 
 
@@ -185,17 +204,7 @@ def encode(
         ),
         np.float32,
     )
-    ex: list[tuple[float, ...]] = [
-        (
-            e.memory,
-            e.running / e.running_cap,
-            e.waiting / e.waiting_cap,
-            p[0],
-            p[1] / MAX_TOKENS,
-            min(5.0, e.token_latency / latency_req),
-        )
-        for e, p in zip(experts, preds, strict=True)
-    ]
+    ex = [expert_columns(e, latency_req, *p) for e, p in zip(experts, preds, strict=True)]
     ex += [(0.0,) * F_EXPERT] * pad
     # [N, 2 (running, waiting), QUEUE_CAP, F_REQ + 3], in float64 until the end; few
     # numpy calls, each over every backend at once (see `_packed`)
@@ -206,7 +215,7 @@ def encode(
     np.maximum(per_token, 0.0, out=per_token)
     per_token /= packed[..., _PER_TOKEN]
     per_token /= latency_req  # in multiples of L
-    np.minimum(per_token, 5.0, out=per_token)
+    np.minimum(per_token, PER_TOKEN_CAP, out=per_token)
     per_token *= packed[..., _PRESENT]
     packed[..., 5] = per_token
     return {

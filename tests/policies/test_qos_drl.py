@@ -50,7 +50,7 @@ def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_on
     base = QoSDRL(latency_ms=30.0)
     tight = base.configured(12.0)
     assert tight.latency == 0.012 and base.latency == 0.030
-    assert tight._actor is base._actor and tight.predictor is base.predictor
+    assert tight._session is base._session and tight.predictor is base.predictor
     fresh = QoSDRL(latency_ms=12.0)
     assert tight._shed == fresh._shed != base._shed  # a shed carries its target
     experts = base.predictor.models
@@ -96,7 +96,7 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
     b = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=50.0))
     c = load(folder, 30.0)
     assert isinstance(a, QoSDRL) and isinstance(b, QoSDRL)
-    assert a._actor is b._actor is c._actor and a.predictor is b.predictor is c.predictor
+    assert a._session is b._session is c._session and a.predictor is b.predictor is c.predictor
     assert (a.latency, b.latency, c.latency) == (0.030, 0.050, 0.030)
     assert a._features is not b._features  # each route keeps its own feature cache
 
@@ -104,14 +104,14 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
     lone.mkdir()
     shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
     d, shipped = load(lone), load()
-    assert d._actor is not a._actor and d.predictor is shipped.predictor is not a.predictor
+    assert d._session is not a._session and d.predictor is shipped.predictor is not a.predictor
 
     rewritten = (folder / "actor.onnx").read_bytes()  # new files, new sessions
     (folder / "actor.onnx").unlink()
     (folder / "actor.onnx").write_bytes(rewritten)
     os.utime(folder / "actor.onnx", ns=(1, 1))
     e = load(folder)
-    assert e._actor is not a._actor and e.predictor is a.predictor
+    assert e._session is not a._session and e.predictor is a.predictor
 
     (folder / "actor.onnx").unlink()  # missing files: the policy's own error, not a stale copy
     with pytest.raises(Exception, match=r"actor\.onnx"):
