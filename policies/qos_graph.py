@@ -36,6 +36,7 @@ from policies.qos_state import F_EXPERT, F_REQ, PER_TOKEN_CAP, PREDICTION_COLUMN
 OPSET = 17
 DOUBLE, FLOAT, INT64 = 11, 1, 7  # onnx.TensorProto's element types
 _PREDICTOR = "predictor/"  # the predictor's names, apart from the actor's
+JOINED = frozenset({"arrived", "experts", "queues", "queue_mask"})  # what the join feeds
 
 
 class _Builder:
@@ -76,9 +77,16 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
     actor = onnx.load(str(actor_path))
     predictor = compose.add_prefix(onnx.load(str(predictor_path)), _PREDICTOR)
     wanted = {i.name for i in actor.graph.input}
-    models = next(
-        t.dims[0] for t in predictor.graph.initializer if t.name == _PREDICTOR + "expert_rows"
-    )
+    if unknown := wanted - JOINED:
+        raise ValueError(
+            f"{actor_path} reads {', '.join(sorted(unknown))}: a served actor reads only "
+            f"{', '.join(sorted(JOINED))}"
+        )
+    table = [t for t in predictor.graph.initializer if t.name == _PREDICTOR + "expert_rows"]
+    reads = {i.name.removeprefix(_PREDICTOR) for i in predictor.graph.input}
+    if not table or reads != {"ids", "expert"}:
+        raise ValueError(f"{predictor_path} is not a predictor of prompt ids and experts")
+    models = table[0].dims[0]
     g = _Builder()
     # The predictor on every model it knows; its buckets' midpoints as
     # `policies.predictor` has them, and their mean as the unknown model's row.
@@ -121,13 +129,14 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
         )
         sizes = g.const("packed_split", [F_REQ - 1, 1, 1, 1, 1], np.int64)
         rows, _, started, tokens, present = g.ops("Split", "packed", sizes, outputs=5, axis=4)
-        # encode's latency per token so far: (now - started), at least 0, / tokens, / L,
-        # capped, zero where no request is
-        per_token = g.op("Max", g.op("Sub", now, started), g.const("zero", 0.0))
-        per_token = g.op("Div", g.op("Div", per_token, tokens), latency)
-        per_token = g.op("Min", per_token, g.const("cap", PER_TOKEN_CAP))
-        per_token = g.op("Mul", per_token, present)
-        g.op("Cast", g.op("Concat", rows, per_token, axis=4), to=FLOAT, name="queues")
+        if "queues" in wanted:
+            # encode's latency per token so far: (now - started), at least 0, / tokens,
+            # / L, capped, zero where no request is
+            per_token = g.op("Max", g.op("Sub", now, started), g.const("zero", 0.0))
+            per_token = g.op("Div", g.op("Div", per_token, tokens), latency)
+            per_token = g.op("Min", per_token, g.const("cap", PER_TOKEN_CAP))
+            per_token = g.op("Mul", per_token, present)
+            g.op("Cast", g.op("Concat", rows, per_token, axis=4), to=FLOAT, name="queues")
         mask = g.op("Squeeze", present, g.const("last_axis", [4], np.int64))
         g.op("Cast", mask, to=FLOAT, name="queue_mask")
     g.nodes.extend(actor.graph.node)

@@ -284,7 +284,8 @@ async def measure_full(port: int, seconds: float) -> dict[str, float]:
 
 def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[dict[str, Any]]:
     """`targets` behind the gateway, one at a time per round, on `FULL_BACKENDS`
-    backends that hold every answer; medians over rounds."""
+    backends that hold every answer; medians over rounds, and each round's p99 and
+    share over budget."""
     from policies.predictor import DEFAULT_MODEL_DIR
 
     models = json.loads((DEFAULT_MODEL_DIR / "predictor.json").read_text())["models"]
@@ -331,6 +332,9 @@ def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[di
             "policy": t,
             "backends": FULL_BACKENDS,
             **{k: round(statistics.median(s[k] for s in runs), 3) for k in runs[0]},
+            # each round's tail, beside the medians (the JSON keeps them)
+            "rounds_decision_p99_us": [round(s["decision_p99_us"], 1) for s in runs],
+            "rounds_over_budget_pct": [round(s["over_budget_pct"], 3) for s in runs],
         }
         for t, runs in samples.items()
     ]

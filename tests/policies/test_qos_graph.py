@@ -108,3 +108,30 @@ def test_a_decision_carries_the_prediction_for_the_backend_it_names() -> None:
         assert d.backend_id is not None and d.predicted is not None
         (alone,) = policy.predictor.predict_for(req.prompt, [by_id[d.backend_id]])
         assert d.predicted == pytest.approx(alone, rel=1e-12)
+
+
+def test_an_actor_or_predictor_the_join_cannot_feed_is_refused_by_name(tmp_path: Path) -> None:
+    """The hostile twins: an actor reading an input no served state has, and a file in
+    the predictor's place that is not one. Each is refused when the policy loads,
+    naming the file and what is wrong, rather than by onnxruntime at the first request."""
+    import onnx
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("clock_skew", onnx.TensorProto.FLOAT, [1, 6])
+    y = helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 6])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["clock_skew"], ["logits"])], "g", [x], [y]
+    )
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    onnx.save(helper.make_model(graph), str(odd / "actor.onnx"))
+    with pytest.raises(ValueError, match=r"odd/actor\.onnx reads clock_skew"):
+        QoSDRL(odd)
+    world = tmp_path / "world"
+    run = world / "runs" / "full-s0"
+    run.mkdir(parents=True)
+    (run / "actor.onnx").write_bytes((DEFAULT_MODEL_DIR / "actor.onnx").read_bytes())
+    onnx.save(helper.make_model(graph), str(world / "predictor.onnx"))
+    (world / "predictor.json").write_text((DEFAULT_MODEL_DIR / "predictor.json").read_text())
+    with pytest.raises(ValueError, match=r"world/predictor\.onnx is not a predictor"):
+        QoSDRL(run)
