@@ -26,45 +26,16 @@ Outputs: `logits` [1, N + 1] and `preds` [N, 2] float64 (score, length in tokens
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from policies.onnx_nodes import DOUBLE, FLOAT, INT64, OPSET, Nodes
 from policies.predictor import LENGTH_MIDPOINTS, MAX_TOKENS, SCORE_MIDPOINTS
 from policies.qos_state import F_EXPERT, F_REQ, PER_TOKEN_CAP, PREDICTION_COLUMN, QUEUE_CAP
 
-OPSET = 17
-DOUBLE, FLOAT, INT64 = 11, 1, 7  # onnx.TensorProto's element types
 _PREDICTOR = "predictor/"  # the predictor's names, apart from the actor's
-JOINED = frozenset({"arrived", "experts", "queues", "queue_mask"})  # what the join feeds
-
-
-class _Builder:
-    """Nodes and constants under names of their own (`join/...`)."""
-
-    def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.constants: list[Any] = []
-
-    def const(self, name: str, value: Any, dtype: type = np.float64) -> str:
-        from onnx import numpy_helper
-
-        name = "join/" + name
-        self.constants.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def op(self, op_type: str, *inputs: str, name: str = "", **attrs: Any) -> str:
-        return self.ops(op_type, *inputs, outputs=1, name=name, **attrs)[0]
-
-    def ops(
-        self, op_type: str, *inputs: str, outputs: int, name: str = "", **attrs: Any
-    ) -> list[str]:
-        from onnx import helper
-
-        base = name or f"join/{op_type.lower()}_{len(self.nodes)}"
-        names = [base] if outputs == 1 else [f"{base}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
-        return names
+# The arrays of `policies.qos_state.encode` a served actor may read: what the join feeds.
+SERVED_INPUTS = ("arrived", "experts", "queues", "queue_mask")
 
 
 def joined(actor_path: Path, predictor_path: Path) -> bytes:
@@ -77,29 +48,28 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
     actor = onnx.load(str(actor_path))
     predictor = compose.add_prefix(onnx.load(str(predictor_path)), _PREDICTOR)
     wanted = {i.name for i in actor.graph.input}
-    if unknown := wanted - JOINED:
+    if unknown := wanted - set(SERVED_INPUTS):
         raise ValueError(
             f"{actor_path} reads {', '.join(sorted(unknown))}: a served actor reads only "
-            f"{', '.join(sorted(JOINED))}"
+            f"{', '.join(SERVED_INPUTS)}"
         )
     table = [t for t in predictor.graph.initializer if t.name == _PREDICTOR + "expert_rows"]
     reads = {i.name.removeprefix(_PREDICTOR) for i in predictor.graph.input}
     if not table or reads != {"ids", "expert"}:
         raise ValueError(f"{predictor_path} is not a predictor of prompt ids and experts")
     models = table[0].dims[0]
-    g = _Builder()
+    g = Nodes("join/")
     # The predictor on every model it knows; its buckets' midpoints as
     # `policies.predictor` has them, and their mean as the unknown model's row.
     feeds = {
         _PREDICTOR + "ids": "ids",
-        _PREDICTOR + "expert": g.const("every_model", np.arange(models), np.int64),
+        _PREDICTOR + "expert": g.const("every_model", np.arange(models)),
     }
     for node in predictor.graph.node:
         node.input[:] = [feeds.get(x, x) for x in node.input]
     g.nodes.extend(predictor.graph.node)
-    g.constants.extend(predictor.graph.initializer)
-    midpoints = g.const("midpoints", SCORE_MIDPOINTS + LENGTH_MIDPOINTS)
-    column = g.const("column", [0, len(SCORE_MIDPOINTS)], np.int64)
+    midpoints = g.const("midpoints", SCORE_MIDPOINTS + LENGTH_MIDPOINTS, np.float64)
+    column = g.const("column", [0, len(SCORE_MIDPOINTS)])
     known = g.op("Gather", midpoints, g.op("Add", _PREDICTOR + "buckets", column))
     every = g.op("Concat", known, g.op("ReduceMean", known, axes=[0], keepdims=1), axis=0)
     preds = g.op("Gather", every, "model", axis=0, name="preds")
@@ -108,43 +78,45 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
         helper.make_tensor_value_info("model", INT64, ["experts"]),
         helper.make_tensor_value_info("experts_own", FLOAT, [1, "experts", F_EXPERT]),
     ]
-    per_length = g.const("per_length", [1.0, MAX_TOKENS])  # the length as encode scales it
+    per_length = g.const(
+        "per_length", [1.0, MAX_TOKENS], np.float64
+    )  # the length as encode scales it
     if "arrived" in wanted or "queues" in wanted:
         inputs.append(helper.make_tensor_value_info("scalars", DOUBLE, [1, 3]))
         prompt, now, latency = g.ops("Split", "scalars", outputs=3, axis=1)
     if "arrived" in wanted:
         # prompt tokens / 1000, the mean prediction (its length / MAX_TOKENS), zeros
         mean = g.op("Div", g.op("ReduceMean", preds, axes=[0], keepdims=1), per_length)
-        thousands = g.op("Div", prompt, g.const("thousand", 1000.0))
-        arrived = g.op("Concat", thousands, mean, g.const("zeros", [[0.0] * 3]), axis=1)
+        thousands = g.op("Div", prompt, g.const("thousand", 1000.0, np.float64))
+        arrived = g.op("Concat", thousands, mean, g.const("zeros", [[0.0] * 3], np.float64), axis=1)
         g.op("Cast", arrived, to=FLOAT, name="arrived")
     if "experts" in wanted:
         predicted = g.op("Cast", g.op("Div", preds, per_length), to=FLOAT)
         after = F_EXPERT - PREDICTION_COLUMN - 2
-        pads = g.const("pads", [0, PREDICTION_COLUMN, 0, after], np.int64)
+        pads = g.const("pads", [0, PREDICTION_COLUMN, 0, after])
         g.op("Add", "experts_own", g.op("Pad", predicted, pads), name="experts")
     if "queues" in wanted or "queue_mask" in wanted:
         inputs.append(
             helper.make_tensor_value_info("packed", DOUBLE, [1, "experts", 2, QUEUE_CAP, F_REQ + 3])
         )
-        sizes = g.const("packed_split", [F_REQ - 1, 1, 1, 1, 1], np.int64)
+        sizes = g.const("packed_split", [F_REQ - 1, 1, 1, 1, 1])
         rows, _, started, tokens, present = g.ops("Split", "packed", sizes, outputs=5, axis=4)
         if "queues" in wanted:
             # encode's latency per token so far: (now - started), at least 0, / tokens,
             # / L, capped, zero where no request is
-            per_token = g.op("Max", g.op("Sub", now, started), g.const("zero", 0.0))
+            per_token = g.op("Max", g.op("Sub", now, started), g.const("zero", 0.0, np.float64))
             per_token = g.op("Div", g.op("Div", per_token, tokens), latency)
-            per_token = g.op("Min", per_token, g.const("cap", PER_TOKEN_CAP))
+            per_token = g.op("Min", per_token, g.const("cap", PER_TOKEN_CAP, np.float64))
             per_token = g.op("Mul", per_token, present)
             g.op("Cast", g.op("Concat", rows, per_token, axis=4), to=FLOAT, name="queues")
-        mask = g.op("Squeeze", present, g.const("last_axis", [4], np.int64))
+        mask = g.op("Squeeze", present, g.const("last_axis", [4]))
         g.op("Cast", mask, to=FLOAT, name="queue_mask")
     g.nodes.extend(actor.graph.node)
-    g.constants.extend(actor.graph.initializer)
     outputs = [
         helper.make_tensor_value_info("logits", FLOAT, [1, None]),
         helper.make_tensor_value_info("preds", DOUBLE, [None, 2]),
     ]
-    graph = helper.make_graph(g.nodes, "qos_decision", inputs, outputs, g.constants)
+    constants = [*g.initializers(), *predictor.graph.initializer, *actor.graph.initializer]
+    graph = helper.make_graph(g.nodes, "qos_decision", inputs, outputs, constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     return bytes(model.SerializeToString())

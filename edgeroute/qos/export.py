@@ -20,11 +20,10 @@ import numpy as np
 import torch
 
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, head_membership
-from edgeroute.qos.onnx_graph import BOOL, FLOAT, Graph, linear, parameters, weights
+from edgeroute.qos.onnx_graph import Graph, linear, parameters, weights
+from policies.onnx_nodes import BOOL, FLOAT
+from policies.qos_graph import SERVED_INPUTS
 from policies.qos_state import F_EXPERT, F_REQ, INPUTS, QUEUE_CAP
-
-# The served graph's inputs: `policies.qos_state.INPUTS` without the expert mask.
-SERVED_INPUTS = ("arrived", "experts", "queues", "queue_mask")
 
 
 def example(batch: int, n: int, queue: int = QUEUE_CAP, seed: int = 0) -> dict[str, np.ndarray]:

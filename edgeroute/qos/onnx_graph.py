@@ -12,34 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-OPSET = 17
-FLOAT, INT64, BOOL = 1, 7, 9  # onnx.TensorProto's element types
+from policies.onnx_nodes import OPSET, Nodes
 
 
-class Graph:
-    """An ONNX graph under construction: constants and nodes, each output named anew."""
-
-    def __init__(self) -> None:
-        from onnx import NodeProto
-
-        self.nodes: list[NodeProto] = []
-        self.constants: dict[str, np.ndarray] = {}
-
-    def const(self, name: str, value: np.ndarray | Sequence[int] | float) -> str:
-        array = np.asarray(value)
-        self.constants[name] = array.astype(np.int64 if array.dtype.kind == "i" else np.float32)
-        return name
-
-    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
-        from onnx import helper
-
-        out = f"{op_type.lower()}_{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
+class Graph(Nodes):
+    """An ONNX graph under construction (`policies.onnx_nodes.Nodes`) that saves as a
+    model carrying the module's parameters."""
 
     def save(
         self,
@@ -63,7 +44,7 @@ class Graph:
             name,
             [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
             [helper.make_tensor_value_info(k, t, s) for k, (_, t, s) in outputs.items()],
-            [numpy_helper.from_array(v, k) for k, v in self.constants.items()],
+            self.initializers(),
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
         info = onnx.TrainingInfoProto()

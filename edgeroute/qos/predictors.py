@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from edgeroute.qos.config import quality_flag, quality_suffix
-from edgeroute.qos.onnx_graph import INT64, Graph, linear, parameters, weights
+from edgeroute.qos.onnx_graph import Graph, linear, parameters, weights
 from edgeroute.sim.edge import (
     BUCKETS,
     MAX_TOKENS,
@@ -29,6 +29,7 @@ from edgeroute.sim.edge import (
     in_split,
     load_tasks,
 )
+from policies.onnx_nodes import INT64
 from policies.qos_text import VOCAB, hashed_ids
 from workers.quality import iter_samples
 
