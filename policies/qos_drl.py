@@ -138,13 +138,12 @@ class QoSDRL:
             return candidates
         experts = [snapshot(b, view.stale_after, self._features) for b in candidates]
         latency = self.latency
+        # the experts' rows, where the graph adds the predictions
+        own = np.array([expert_columns(e, latency) for e in experts], np.float32)
         feeds: dict[str, Any] = {
             "ids": self.predictor.prompt_ids(req.prompt),
             "model": self._model_rows(candidates),
-            # the predictions' columns are left to the graph
-            "experts_own": np.array([expert_columns(e, latency) for e in experts], np.float32)[
-                None
-            ],
+            "experts_own": own[None],
         }
         if self._scalars:
             feeds["scalars"] = np.array(((req.prompt_tokens, req.now, latency),))

@@ -158,6 +158,9 @@ def snapshot(
     return snap
 
 
+PREDICTION_COLUMN = 3  # of an expert's row: the arrived request's predicted score, then length
+
+
 def expert_columns(
     e: ExpertSnapshot, latency_req: float, score: float = 0.0, length: float = 0.0
 ) -> tuple[float, ...]:
@@ -173,8 +176,6 @@ def expert_columns(
         min(PER_TOKEN_CAP, e.token_latency / latency_req),
     )
 
-
-PREDICTION_COLUMN = 3
 
 _EMPTY_PACKED = np.array(((_EMPTY_ROW,) * QUEUE_CAP,) * 2)
 
