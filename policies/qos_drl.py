@@ -10,7 +10,8 @@ Action 0, drop, becomes load shedding: a 503 with Retry-After; with `shed=False`
 (engines that queue rather than refuse, and clients that would rather have a late
 answer than none) the policy takes the most likely backend instead.
 
-It needs onnxruntime and the committed model files, not PyTorch.
+It needs onnxruntime, onnx (to join the graphs) and the committed model files, not
+PyTorch.
 """
 
 from __future__ import annotations
