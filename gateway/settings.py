@@ -248,7 +248,8 @@ class Settings(BaseSettings):
     http_parser: Literal["httptools", "h11"] = "httptools"
     # Container objects allocated (net) between two young-generation collections.
     # Python's 700 suits short scripts; a gateway keeps tens of thousands alive in
-    # flight, and every collection walks them: see docs/performance.md ("Collections").
+    # flight, and every collection walks them: see docs/performance.md
+    # ("The decision as one graph, and the collector").
     gc_young_threshold: int = Field(default=10_000, ge=100)
 
     @field_validator("admin_token", mode="after")

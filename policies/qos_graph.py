@@ -78,9 +78,8 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
         helper.make_tensor_value_info("model", INT64, ["experts"]),
         helper.make_tensor_value_info("experts_own", FLOAT, [1, "experts", F_EXPERT]),
     ]
-    per_length = g.const(
-        "per_length", [1.0, MAX_TOKENS], np.float64
-    )  # the length as encode scales it
+    # the predictions as encode scales them: the score as it is, the length / MAX_TOKENS
+    per_length = g.const("per_length", [1.0, MAX_TOKENS], np.float64)
     if "arrived" in wanted or "queues" in wanted:
         inputs.append(helper.make_tensor_value_info("scalars", DOUBLE, [1, 3]))
         prompt, now, latency = g.ops("Split", "scalars", outputs=3, axis=1)
@@ -109,8 +108,9 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
             per_token = g.op("Min", per_token, g.const("cap", PER_TOKEN_CAP, np.float64))
             per_token = g.op("Mul", per_token, present)
             g.op("Cast", g.op("Concat", rows, per_token, axis=4), to=FLOAT, name="queues")
-        mask = g.op("Squeeze", present, g.const("last_axis", [4]))
-        g.op("Cast", mask, to=FLOAT, name="queue_mask")
+        if "queue_mask" in wanted:
+            mask = g.op("Squeeze", present, g.const("last_axis", [4]))
+            g.op("Cast", mask, to=FLOAT, name="queue_mask")
     g.nodes.extend(actor.graph.node)
     outputs = [
         helper.make_tensor_value_info("logits", FLOAT, [1, None]),

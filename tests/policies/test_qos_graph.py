@@ -113,7 +113,8 @@ def test_a_decision_carries_the_prediction_for_the_backend_it_names() -> None:
 def test_an_actor_or_predictor_the_join_cannot_feed_is_refused_by_name(tmp_path: Path) -> None:
     """The hostile twins: an actor reading an input no served state has, and a file in
     the predictor's place that is not one. Each is refused when the policy loads,
-    naming the file and what is wrong, rather than by onnxruntime at the first request."""
+    naming the file and what is wrong, rather than by onnxruntime in terms of the
+    joined graph, which the operator never wrote."""
     import onnx
     from onnx import helper
 
