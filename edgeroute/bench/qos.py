@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
-from edgeroute.bench.stats import interval, shown
+from edgeroute.bench.stats import interval, paired, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -132,8 +132,10 @@ def main(
     n_seeds: int | None = None,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
-    world's runs/. An agent's figure pools its training seeds and the environment
-    seeds; the first agent is also judged against the best of the others. `scrape_ms`:
+    world's runs/. An agent's figure on an environment seed is the mean of its
+    training runs there, and its interval is over the environment seeds; the first
+    agent is also judged against the best of the others, and compared seed by seed
+    with each. `scrape_ms`:
     the policies see the experts as the gateway does, from scrapes of the engines'
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
@@ -224,7 +226,10 @@ def main(
                 for policy in runs
             ]
             scores = [x for run in per_run for x in run]
-            qos = [x.qos for x in scores]
+            # The sample is the environment seed: an agent's training runs on one seed
+            # share its world (hardware, arrivals, prompts), so they are averaged
+            # there, not counted as more samples of the world.
+            qos = [statistics.fmean(run[k].qos for run in per_run) for k in range(len(seeds))]
             rows.append(
                 {
                     "setting": label,
@@ -236,6 +241,7 @@ def main(
                     "latency_ms": statistics.fmean(x.latency_ms for x in scores),
                     "drop_rate": statistics.fmean(x.drop_rate for x in scores),
                     "per_seed_qos": qos,
+                    "per_run_qos": [[x.qos for x in r] for r in per_run],
                     "per_training_seed_qos": [statistics.fmean(x.qos for x in r) for r in per_run],
                 }
             )
@@ -250,6 +256,10 @@ def main(
             rival = max(agents[1:], key=lambda r: r["qos"])
             agents[0]["against_agents"] = (
                 f"{verdict(agents[0]['per_seed_qos'], rival['per_seed_qos'])} ({rival['policy']})"
+            )
+            agents[0]["paired_minus_agents"] = "; ".join(
+                f"{r['policy']}: {paired(agents[0]['per_seed_qos'], r['per_seed_qos'])}"
+                for r in agents[1:]
             )
         print(
             f"  {label:<18} best baseline: {best['policy']} ({best['qos_ci']}); "
@@ -278,9 +288,10 @@ def main(
         f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 "
         f"({'; or '.join(fleets)}; evaluated on {fleet.describe()}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "
-        f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent "
-        "pools its training seeds and the environment seeds (`qos_ci`: mean and 95% "
-        "half-width). Predictions are the served predictor's own outputs; prompts are "
+        f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent's "
+        "figure on a seed is the mean of its training runs there, and intervals are over "
+        "the environment seeds (`qos_ci`: mean and 95% half-width). Predictions are the "
+        "served predictor's own outputs; prompts are "
         f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
         + (
@@ -296,7 +307,10 @@ def main(
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "
-        "heuristic's; `against_agents`: the first agent's against the best other agent's. `SQF+truth` reads each model's real score on the request: it is "
+        "heuristic's; `against_agents`: the first agent's against the best other agent's "
+        "(the issue's test); `paired_minus_agents`: the first agent minus each other "
+        "agent seed by seed, a test the same worlds make sharper, given beside it. "
+        "`SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
         "perfect predictions, against `SQF+predicted` with the served ones."
         + (
@@ -334,6 +348,7 @@ def main(
             "drop_rate",
             "against_best",
             "against_agents",
+            "paired_minus_agents",
         ],
         json_path,
         notes="\n\n".join(notes),

@@ -26,7 +26,7 @@ import httpx
 from edgeroute.bench.live import free_ports, gateway_clock
 from edgeroute.bench.loadgen import percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
-from edgeroute.bench.stats import shown
+from edgeroute.bench.stats import paired, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -218,6 +218,46 @@ def named(
     return name, flags + seed_flags + model_flags
 
 
+def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, Any]]:
+    """One row per policy from the per-seed `rows` (seed, policy, its run's figures):
+    intervals over seeds, each policy minus least-load seed by seed, and the first of
+    `agents` minus each other agent seed by seed."""
+    summary: list[dict[str, Any]] = []
+    reference = {r["seed"]: r["qos"] for r in rows if r["policy"] == "least_load"}
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        summary.append(
+            {
+                "policy": name,
+                "qos_ci": shown([r["qos"] for r in mine]),
+                "minus_least_load": paired(
+                    [r["qos"] for r in mine], [reference[r["seed"]] for r in mine]
+                )
+                if name != "least_load"
+                else "",
+                "met_share_ci": shown([r["met_share"] for r in mine]),
+                "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
+                "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
+                "requests": sum(r["requests"] for r in mine),
+                "errors": sum(r["errors"] for r in mine),
+                "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
+                "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
+                "per_seed_qos": [r["qos"] for r in mine],
+                "per_seed_drop_rate": [r["drop_rate"] for r in mine],
+                "per_seed_met_share": [r["met_share"] for r in mine],
+                "per_seed_busiest_share": [r["busiest_share"] for r in mine],
+                "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
+            }
+        )
+    learned = [r for r in summary if r["policy"] in agents]
+    if len(learned) > 1:  # the first agent against each other, on the same seeds' requests
+        learned[0]["paired_minus_agents"] = "; ".join(
+            f"{r['policy']}: {paired(learned[0]['per_seed_qos'], r['per_seed_qos'])}"
+            for r in learned[1:]
+        )
+    return summary
+
+
 def main(
     quick: bool,
     seed: int,
@@ -286,31 +326,7 @@ def main(
                 + (f"  errors {r['errors']}" if r["errors"] else ""),
                 flush=True,
             )
-    summary = []
-    reference = {r["seed"]: r["qos"] for r in rows if r["policy"] == "least_load"}
-    for name in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == name]
-        summary.append(
-            {
-                "policy": name,
-                "qos_ci": shown([r["qos"] for r in mine]),
-                "minus_least_load": shown([r["qos"] - reference[r["seed"]] for r in mine])
-                if name != "least_load"
-                else "",
-                "met_share_ci": shown([r["met_share"] for r in mine]),
-                "drop_rate": statistics.fmean(r["drop_rate"] for r in mine),
-                "latency_ms": statistics.fmean(r["latency_ms"] or math.nan for r in mine),
-                "requests": sum(r["requests"] for r in mine),
-                "errors": sum(r["errors"] for r in mine),
-                "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
-                "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
-                "per_seed_qos": [r["qos"] for r in mine],
-                "per_seed_drop_rate": [r["drop_rate"] for r in mine],
-                "per_seed_met_share": [r["met_share"] for r in mine],
-                "per_seed_busiest_share": [r["busiest_share"] for r in mine],
-                "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
-            }
-        )
+    summary = summarise(rows, list(models))
     write(
         result_name,
         {
@@ -332,6 +348,7 @@ def main(
             "policy",
             "qos_ci",
             "minus_least_load",
+            "paired_minus_agents",
             "met_share_ci",
             "drop_rate",
             "latency_ms",

@@ -111,6 +111,32 @@ def test_more_environment_seeds_each_run_on_a_hardware_draw_of_its_own(
     assert len(hardware) == 12 and not set(hardware) & set(TRAIN_HARDWARE)
 
 
+@needs_data("the RouterDC data")
+def test_an_agents_training_runs_on_one_environment_seed_are_one_sample(tmp_path: Path) -> None:
+    """The runs of an agent on one environment seed share its world, so they are
+    averaged there: the same actor given as three runs has, on two seeds, two samples
+    and the interval the actor alone has (counted as six samples, its interval would be
+    narrower). Seed by seed, an agent minus a copy of itself is level."""
+    shipped = DEFAULT_MODEL_DIR / "routerdc"
+    runs = {}
+    for name, agents in {
+        "alone": {"a": [shipped]},
+        "thrice": {"a": [shipped, shipped, shipped], "copy": [shipped]},
+    }.items():
+        out = tmp_path / f"{name}.json"
+        main(True, 1, str(out), agents, None, quality="routerdc", n_seeds=2)
+        runs[name] = {
+            (r["setting"], r["policy"]): r for r in json.loads(out.read_text())["results"]
+        }
+    alone, thrice = runs["alone"][("default", "a")], runs["thrice"][("default", "a (3 seeds)")]
+    assert len(thrice["per_seed_qos"]) == 2
+    assert [len(r) for r in thrice["per_run_qos"]] == [2, 2, 2]
+    assert thrice["per_seed_qos"] == pytest.approx(alone["per_seed_qos"])
+    assert thrice["qos_ci"] == alone["qos_ci"]
+    assert thrice["paired_minus_agents"].startswith("copy: ")
+    assert thrice["paired_minus_agents"].endswith(" of 2)")
+
+
 @needs_data("the quality data")
 def test_an_agent_with_another_worlds_predictor_is_refused(tmp_path: Path) -> None:
     """An actor lying outside its world's folder would fall back to the shipped
@@ -192,3 +218,36 @@ def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None
     results = asyncio.run(run())
     assert [r[2] for r in results] == [FAILED] * 3
     assert all(r[0] == 0.0 for r in results)
+
+
+def test_a_live_summary_pairs_each_policy_by_seed_with_least_load_and_the_agents() -> None:
+    """Seed by seed, on the same requests: the first agent is above the second on both
+    seeds and above least-load on one; least-load has no difference of its own."""
+    from edgeroute.bench.qos_live import summarise
+
+    def run(seed: int, policy: str, qos: float) -> dict[str, Any]:
+        figures = {"met_share": qos, "drop_rate": 0.0, "latency_ms": 20.0, "requests": 10}
+        return {
+            "seed": seed,
+            "policy": policy,
+            "qos": qos,
+            "errors": 0,
+            **figures,
+            "busiest_share": 0.5,
+            "loop_lag_ms": 1.0,
+        }
+
+    rows = [
+        run(1, "least_load", 0.2),
+        run(2, "least_load", 0.3),
+        run(1, "full", 0.4),
+        run(2, "full", 0.25),
+        run(1, "dsa", 0.1),
+        run(2, "dsa", 0.2),
+    ]
+    summary = {r["policy"]: r for r in summarise(rows, ["full", "dsa"])}
+    assert summary["least_load"]["minus_least_load"] == ""
+    assert summary["full"]["minus_least_load"].endswith("(above on 1 of 2)")
+    assert summary["full"]["paired_minus_agents"] == "dsa: 0.175 ± 1.6 (above on 2 of 2)"
+    assert "paired_minus_agents" not in summary["dsa"]
+    assert summary["full"]["per_seed_qos"] == [0.4, 0.25]
