@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
-from edgeroute.bench.stats import interval, paired, shown
+from edgeroute.bench.stats import interval, paired_each, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -257,9 +257,8 @@ def main(
             agents[0]["against_agents"] = (
                 f"{verdict(agents[0]['per_seed_qos'], rival['per_seed_qos'])} ({rival['policy']})"
             )
-            agents[0]["paired_minus_agents"] = "; ".join(
-                f"{r['policy']}: {paired(agents[0]['per_seed_qos'], r['per_seed_qos'])}"
-                for r in agents[1:]
+            agents[0]["paired_minus_agents"] = paired_each(
+                agents[0]["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in agents[1:]}
             )
         print(
             f"  {label:<18} best baseline: {best['policy']} ({best['qos_ci']}); "

@@ -26,7 +26,7 @@ import httpx
 from edgeroute.bench.live import free_ports, gateway_clock
 from edgeroute.bench.loadgen import percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
-from edgeroute.bench.stats import paired, shown
+from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -251,9 +251,8 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
         )
     learned = [r for r in summary if r["policy"] in agents]
     if len(learned) > 1:  # the first agent against each other, on the same seeds' requests
-        learned[0]["paired_minus_agents"] = "; ".join(
-            f"{r['policy']}: {paired(learned[0]['per_seed_qos'], r['per_seed_qos'])}"
-            for r in learned[1:]
+        learned[0]["paired_minus_agents"] = paired_each(
+            learned[0]["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in learned[1:]}
         )
     return summary
 

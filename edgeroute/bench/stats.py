@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 
 # Two-sided 95% Student t quantiles for 1-9 degrees of freedom.
 _T95 = {
@@ -59,3 +60,8 @@ def paired(first: list[float], other: list[float]) -> str:
     and on how many seeds `first` was above."""
     diffs = [a - b for a, b in zip(first, other, strict=True)]
     return f"{shown(diffs)} (above on {sum(d > 0 for d in diffs)} of {len(diffs)})"
+
+
+def paired_each(first: list[float], others: Mapping[str, list[float]]) -> str:
+    """`first` minus each of `others` seed by seed (`paired`), named: `name: ...; ...`."""
+    return "; ".join(f"{name}: {paired(first, other)}" for name, other in others.items())

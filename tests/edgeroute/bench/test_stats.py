@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from edgeroute.bench.stats import interval, paired, shown, t95
+from edgeroute.bench.stats import interval, paired, paired_each, shown, t95
 
 # Two-sided 95% quantiles of Student's t (published tables, six decimals).
 EXACT = {
@@ -57,3 +57,6 @@ def test_a_paired_difference_counts_the_seeds_it_is_above_on() -> None:
     assert paired([0.2, 0.2], [0.2, 0.2]) == "0 ± 0 (above on 0 of 2)"
     with pytest.raises(ValueError):
         paired([0.1], [0.1, 0.2])
+    assert paired_each([0.5, 0.5], {"a": [0.5, 0.5], "b": [0.25, 0.75]}) == (
+        "a: 0 ± 0 (above on 0 of 2); b: 0 ± 3.2 (above on 1 of 2)"
+    )
