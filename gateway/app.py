@@ -46,6 +46,7 @@ from gateway.store import (
 )
 from gateway.transfers import KVTransfers
 from gateway.upstream import UPSTREAM_KEEPALIVE, ResponseLimits, UpstreamPool
+from gateway.warmth import keep_warm
 from oracle.state import OracleState
 from policies import Need, PipelineSpec, Policy, build_policy
 
@@ -122,6 +123,7 @@ class Gateway:
         for ref in settings.hooks:
             self._hooks.append(make_hook(ref.type, ref.params))
         self._provide_what_policies_need()
+        self._warmth: asyncio.Task[None] | None = None
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -145,10 +147,24 @@ class Gateway:
         await self.monitor.scrape_all()
         self.monitor.start()
         self.prism.start()
+        if self.settings.keep_warm_ms > 0:
+            forwarder = self.proxy.forwarder
+            self._warmth = asyncio.create_task(
+                keep_warm(
+                    self.settings.keep_warm_ms / 1000,
+                    self.routes,
+                    lambda: forwarder.decided_at,
+                    self.metrics.warmups,
+                ),
+                name="keep warm",
+            )
         self.started = True
         log.info("gateway replica %s ready with %d backends", self.replica_id, len(self.pool))
 
     async def stop(self) -> None:
+        if self._warmth is not None:
+            self._warmth.cancel()
+            await asyncio.gather(self._warmth, return_exceptions=True)
         await self.prism.stop()
         await self.monitor.stop()
         if self._client is not None:

@@ -83,6 +83,8 @@ class Forwarder:
         # for a whole answer.
         self._first_byte = settings.timeouts.first_byte
         self._response = settings.timeouts.response
+        # When the last decision ended (perf_counter): `gateway.warmth` reads it.
+        self.decided_at = 0.0
 
     async def forward(
         self,
@@ -109,7 +111,8 @@ class Forwarder:
         t_decide = time.perf_counter()
         first = pipeline.decide(info, view)
         # Taken before the series lookup below, which is not the policy's time.
-        decided_in = time.perf_counter() - t_decide
+        self.decided_at = time.perf_counter()
+        decided_in = self.decided_at - t_decide
         series(self.metrics.decision, pipeline.name).observe(decided_in)
         if first.backend_id is None:
             qos = first.token_target is not None

@@ -87,6 +87,12 @@ class GatewayMetrics:
             buckets=DECISION,
             registry=r,
         )
+        self.warmups = Counter(
+            "edgeroute_policy_warmups",
+            "Decisions repeated while idle to keep them warm (keep_warm_ms).",
+            ["policy"],
+            registry=r,
+        )
         self.decisions = Counter(
             "edgeroute_policy_decisions",
             "Routing decisions by policy and chosen backend.",

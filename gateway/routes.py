@@ -7,7 +7,7 @@ changes; the proxy reads it on every request.
 from __future__ import annotations
 
 from gateway.settings import RoutingConfig
-from policies import Need, PipelineSpec, Policy, build_policy
+from policies import Need, PipelineSpec, Policy, Warmable, build_policy
 
 # Each role's spec and the policy built from it: "*" is the default, "*prefill" and
 # "*decode" the disaggregated pair, any other key a model (whose names never start
@@ -47,6 +47,8 @@ class Routes:
         self.needs: frozenset[Need] = frozenset().union(*(p.needs for _, p in plan.values()))
         # The disaggregated path hashes once, for both of its policies.
         self.pd_hashes = Need.BLOCK_HASHES in self.prefill.needs | self.decode.needs
+        distinct = {id(p): p for _, p in plan.values()}.values()
+        self.warmable: tuple[Warmable, ...] = tuple(p for p in distinct if isinstance(p, Warmable))
 
     def _kept_or_built(
         self, role: str, spec: PipelineSpec, fresh: Plan

@@ -251,6 +251,12 @@ class Settings(BaseSettings):
     # flight, and every collection walks them: see docs/performance.md
     # ("The decision as one graph, and the collector").
     gc_young_threshold: int = Field(default=10_000, ge=100)
+    # Milliseconds: when the gateway has decided nothing for this long, it repeats the
+    # last decision of each policy that can (`policies.Warmable`: qos_drl), so that the
+    # next one finds the core awake and its graph in the caches; 0 turns it off. It
+    # costs one decision per period while idle: see docs/performance.md ("Keeping the
+    # decision warm").
+    keep_warm_ms: float = Field(default=0.0, ge=0)
 
     @field_validator("admin_token", mode="after")
     @classmethod

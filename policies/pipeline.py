@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from policies.plugins import Need, needs_of
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
@@ -77,6 +77,21 @@ class Policy(Protocol):
     def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
         """The backends in the order to try them, `decide`'s first; a rejection alone
         when none can serve (the gateway's call: retries walk it)."""
+        ...
+
+
+@runtime_checkable
+class Warmable(Protocol):
+    """A policy whose decision is several times slower once the CPU has idled for a
+    millisecond or two (its graph and code out of the caches, the core asleep), and
+    that can repeat its last decision, discarding it, to keep them warm. The gateway
+    calls `warm` when it has decided nothing for a while (`Settings.keep_warm_ms`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def warm(self) -> bool:
+        """Whether there was a decision to repeat."""
         ...
 
 

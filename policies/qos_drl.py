@@ -77,6 +77,7 @@ class QoSDRL:
         )
         self.shed = shed
         self._target(latency_ms)
+        self._last: tuple[RequestInfo, ClusterView] | None = None
 
     def _target(self, latency_ms: float) -> None:
         self.latency = latency_ms / 1000.0
@@ -93,6 +94,7 @@ class QoSDRL:
         other = copy.copy(self)
         other._features = {}
         other._models = {}
+        other._last = None
         other.shed = shed
         other._target(latency_ms)
         return other
@@ -125,6 +127,14 @@ class QoSDRL:
             for i in order.tolist()
         )
 
+    def warm(self) -> bool:
+        """The last decision again, its result discarded (`policies.Warmable`): the
+        same features, predictions and actor run, so its caches gain no new entry."""
+        if self._last is None:
+            return False
+        self._scored(*self._last)
+        return True
+
     def _best(self, logits: np.ndarray) -> int:
         """The action taken: the most likely one, or the most likely backend."""
         return int(np.argmax(logits)) if self.shed else 1 + int(np.argmax(logits[1:]))
@@ -137,6 +147,7 @@ class QoSDRL:
         candidates = self._filters.candidates(req, view)
         if isinstance(candidates, Decision):
             return candidates
+        self._last = (req, view)
         experts = [snapshot(b, view.stale_after, self._features) for b in candidates]
         latency = self.latency
         # the experts' rows, where the graph adds the predictions

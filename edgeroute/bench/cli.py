@@ -124,12 +124,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = command("policies", help="decision time per policy for 8/64/512 backends")
     common(p)
     p.set_defaults(func=lambda a: _policies(a))
+    i = command("idle", help="the QoS decision after the core idled, with and without warm-ups")
+    common(i)
+    i.set_defaults(func=lambda a: _idle(a))
     o = command("overhead", help="what the gateway adds in front of a fast backend")
     common(o)
     o.add_argument(
         "--policies",
-        default="least_load,cla,netkv_full,qos_drl,least_load@asyncio,least_load@h11",
-        help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser",
+        default="least_load,cla,netkv_full,qos_drl,qos_drl@warm,least_load@asyncio,least_load@h11",
+        help="targets: a policy, or policy@asyncio / policy@h11 for the loop or parser, "
+        "policy@warm for keep_warm_ms",
     )
     o.set_defaults(func=lambda a: _overhead(a))
     rl = command("reload", help="what a routing change costs the requests in flight")
@@ -383,6 +387,12 @@ def _live(a: argparse.Namespace) -> None:
 
 def _policies(a: argparse.Namespace) -> None:
     from edgeroute.bench.policies import main
+
+    main(a.quick, a.seed, a.json)
+
+
+def _idle(a: argparse.Namespace) -> None:
+    from edgeroute.bench.idle import main
 
     main(a.quick, a.seed, a.json)
 

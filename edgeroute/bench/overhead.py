@@ -38,7 +38,9 @@ LOAD_CPU, GATEWAY_CPU = 0, 1
 # The full-queue phase: 12 backends (the QoS paper's largest N) answering 200 ms late,
 # 15 clients each, so that each holds more than its 5 running + 5 waiting.
 FULL_BACKENDS, FULL_HOLD_MS, FULL_CLIENTS = 12, 200.0, 180
-FULL_TARGETS = ("least_load", "qos_drl")
+FULL_TARGETS = ("least_load", "qos_drl", "qos_drl@warm")
+KEEP_WARM_MS = 1.0  # the idle gap after which the decision was measured slower
+IDLE_SECONDS = 2.0  # after each target's phases: its CPU use while idle
 DECISION_BUDGET = 0.0003  # seconds: the QoS policy's p99 budget at N=12 with full queues
 
 
@@ -75,11 +77,22 @@ def spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
     )
 
 
+def fast_backend(port: int, models: str, *args: str) -> subprocess.Popen[bytes]:
+    """A `fast_backend` on `port` serving `models` (comma-separated), on the load
+    side's CPU."""
+    command = [sys.executable, "-m", "edgeroute.bench.fast_backend", "--port", str(port)]
+    return subprocess.Popen(
+        [*command, "--model", models, *args],
+        preexec_fn=lambda: pin(LOAD_CPU),
+    )
+
+
 def start_gateway(
     port: int, backends: Sequence[str | dict[str, Any]], target: str, **settings: Any
 ) -> subprocess.Popen[bytes]:
     """`target` is a policy name, optionally with `@asyncio` or `@h11` for the event
-    loop or HTTP parser to measure instead of uvloop and httptools; `backends` are URLs
+    loop or HTTP parser to measure instead of uvloop and httptools, or `@warm` for
+    `keep_warm_ms` at `KEEP_WARM_MS`; `backends` are URLs
     or the gateway's backend entries; `settings` override the gateway's."""
     policy, _, variant = target.partition("@")
     cfg: dict[str, Any] = {
@@ -98,8 +111,10 @@ def start_gateway(
         cfg["event_loop"] = "asyncio"
     elif variant == "h11":
         cfg["http_parser"] = "h11"
+    elif variant == "warm":
+        cfg["keep_warm_ms"] = KEEP_WARM_MS
     elif variant:
-        raise ValueError(f"unknown variant {variant!r} (asyncio or h11)")
+        raise ValueError(f"unknown variant {variant!r} (asyncio, h11 or warm)")
     fd, name = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         f.write(yaml.safe_dump(cfg))
@@ -212,6 +227,10 @@ async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float
     cpu_per_req = ((cpu_seconds(pid) - cpu0) / max(1, len(c32.latencies)) * 1e6) if pid else 0.0
     stream_body = body[:-1] + b',"stream":true}'
     s8 = await closed_loop("127.0.0.1", port, post("/v1/chat/completions", stream_body), 8, seconds)
+    # What the gateway spends doing nothing: its own loops, and warm-ups if kept warm.
+    cpu1 = cpu_seconds(pid) if pid else 0.0
+    await asyncio.sleep(IDLE_SECONDS)
+    idle_pct = 100 * (cpu_seconds(pid) - cpu1) / IDLE_SECONDS if pid else 0.0
     out = {
         "c1_p50_ms": percentile(c1.latencies, 50) * 1e3,
         "c1_p99_ms": percentile(c1.latencies, 99) * 1e3,
@@ -220,6 +239,7 @@ async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float
         "c32_p99_ms": percentile(c32.latencies, 99) * 1e3,
         "ttft8_p50_ms": percentile(s8.first_bytes, 50) * 1e3,
         "cpu_us_per_req": cpu_per_req,
+        "idle_cpu_pct": idle_pct,
         "errors": float(c1.errors + c32.errors + s8.errors),
     }
     if c1_decisions is not None:
@@ -292,20 +312,7 @@ def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[di
     port = 18620
     ports = [port + 1 + i for i in range(FULL_BACKENDS)]
     workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edgeroute.bench.fast_backend",
-                "--port",
-                str(p),
-                "--model",
-                f"{MODEL},{models[i % len(models)]}",
-                "--hold-ms",
-                str(FULL_HOLD_MS),
-            ],
-            preexec_fn=lambda: pin(LOAD_CPU),
-        )
+        fast_backend(p, f"{MODEL},{models[i % len(models)]}", "--hold-ms", str(FULL_HOLD_MS))
         for i, p in enumerate(ports)
     ]
     backends = [f"http://127.0.0.1:{p}" for p in ports]
@@ -345,22 +352,8 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
     rounds, seconds = (1, 2.0) if quick else (3, 8.0)
     worker_port, gw_port = 18601, 18600
     ports = (worker_port, worker_port + 1)
-    workers = [
-        subprocess.Popen(
-            # The second name maps the backend to an expert the QoS predictor knows.
-            [
-                sys.executable,
-                "-m",
-                "edgeroute.bench.fast_backend",
-                "--port",
-                str(p),
-                "--model",
-                MODELS,
-            ],
-            preexec_fn=lambda: pin(LOAD_CPU),
-        )
-        for p in ports
-    ]
+    # The second name maps the backend to an expert the QoS predictor knows.
+    workers = [fast_backend(p, MODELS) for p in ports]
     backends = [f"http://127.0.0.1:{p}" for p in ports]
     samples: dict[str, list[dict[str, float]]] = {"direct": []}
     samples.update({p: [] for p in policies})
@@ -431,6 +424,7 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
             "ttft8_p50_ms",
             "added_ttft8_p50_ms",
             "cpu_us_per_req",
+            "idle_cpu_pct",
             "decision_us",
             "decision_p50_us",
             "decision_p99_us",
@@ -450,7 +444,10 @@ def main(quick: bool, seed: int, json_path: str | None, policies: list[str]) -> 
         notes="Load generator and backends pinned to CPU 0, gateway to CPU 1. `direct` "
         "talks to one worker; the gateway spreads over both. req/s at c=32 is bounded "
         "by the backend and load generator sharing CPU 0, so it is a lower bound for "
-        "the gateway; CPU us/req is the gateway process's own CPU time per request. "
+        "the gateway; CPU us/req is the gateway process's own CPU time per request, "
+        f"`idle_cpu_pct` its CPU use over {IDLE_SECONDS:g} s without requests after the "
+        f"phases (`@warm`: `keep_warm_ms` = {KEEP_WARM_MS:g}, the last decision repeated "
+        "while idle). "
         "Decision figures come from the gateway's own decision histogram over the c=1 "
         "phase; its percentiles are interpolated within the histogram's buckets."
         + (full_queue_notes(full) if full else ""),

@@ -118,14 +118,24 @@ MEDIAN_PROMPT = "Write a python function to count the pairs in a list whose sum 
 
 
 def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None) -> dict[str, Any]:
-    """`qos_drl` on N experts with full queues (5 running + 5 waiting each): the
-    predictor, the features and the actor, as on the request path. The experts serve
-    the predictor's models in turn, as in the QoS simulator, so up to 11 distinct
-    ones are predicted per request. Between two decisions one backend's view is
-    rebuilt with new progress, as the gateway rebuilds the one it dispatched to."""
+    """`qos_drl` on N experts with full queues (`full_queues`): the predictor, the
+    features and the actor, as on the request path."""
     from policies.qos_drl import QoSDRL
 
     policy = policy or QoSDRL()
+    req = RequestInfo("m", 300, prompt=MEDIAN_PROMPT, now=1.0)
+    return {
+        "policy": "qos_drl (full queues)",
+        "backends": n,
+        **timed(policy.decide, [req] * calls, full_queues(policy, n), runs),
+    }
+
+
+def full_queues(policy: QoSDRL, n: int) -> list[ClusterView]:
+    """Views of N experts with full queues (5 running + 5 waiting each). The experts
+    serve the predictor's models in turn, as in the QoS simulator, so up to 11
+    distinct ones are predicted per request. Each view differs from the one before in
+    one backend's progress, as the gateway rebuilds the one it dispatched to."""
     experts = policy.predictor.models
 
     def backend(i: int, generated: int) -> BackendView:
@@ -145,16 +155,10 @@ def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None)
     variants = [(backend(i, 40), backend(i, 41)) for i in range(n)]
     current = [v[0] for v in variants]
     views = []
-    for j in range(2 * n):  # each view differs from the one before in one backend
+    for j in range(2 * n):
         current[j % n] = variants[j % n][j // n % 2]
         views.append(ClusterView(tuple(current)))
-    req = RequestInfo("m", 300, prompt=MEDIAN_PROMPT, now=1.0)
-    arrivals = [req] * calls
-    return {
-        "policy": "qos_drl (full queues)",
-        "backends": n,
-        **timed(policy.decide, arrivals, views, runs),
-    }
+    return views
 
 
 def main(quick: bool, seed: int, json_path: str | None) -> None:

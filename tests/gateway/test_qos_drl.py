@@ -7,11 +7,13 @@ what each must decide; the trained model is evaluated by `edgeroute bench qos`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import torch
 
@@ -46,14 +48,57 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
 
 
 def start(
-    start_worker: Start, start_gateway: Start, model_dir: Path, **params: Any
+    start_worker: Start,
+    start_gateway: Start,
+    model_dir: Path,
+    keep_warm_ms: float = 0.0,
+    **params: Any,
 ) -> tuple[str, Any]:
     backends = []
     for profile in ("mistral-7b-chat", "llama-2-70b-chat", "Yi-34B-Chat"):
         url, _ = start_worker(profile=profile, served_model_names=[profile, MODEL], speedup=2.0)
         backends.append({"url": url, "id": profile})
     spec = {"policy": "qos_drl", "model": str(model_dir), "params": params}
-    return start_gateway(backends, routing={"default": spec})
+    return start_gateway(backends, routing={"default": spec}, keep_warm_ms=keep_warm_ms)
+
+
+def warmups(url: str) -> float:
+    metrics = httpx.get(url + "/metrics").text
+    return sample(metrics, "edgeroute_policy_warmups_total", policy="qos_drl")
+
+
+def test_while_idle_the_gateway_repeats_the_last_decision_to_keep_it_warm(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    """With `keep_warm_ms` the gateway, by itself, repeats the policy's last decision
+    while no request comes; before the first there is none to repeat, and requests
+    are answered as before."""
+    url, _ = start(start_worker, start_gateway, models["route"], keep_warm_ms=1.0)
+    assert warmups(url) == 0  # nothing decided yet
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert first.choices[0].message.content
+    wait_until(lambda: warmups(url) >= 5)
+    again = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert again.choices[0].message.content
+
+
+def test_by_default_the_gateway_does_not_repeat_decisions(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    url, _ = start(start_worker, start_gateway, models["route"])
+    for _ in range(3):
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+        assert r.status_code == 200
+    time.sleep(0.2)  # idle, where a 1 ms keep-warm would have run many times
+    assert warmups(url) == 0
 
 
 def test_the_learned_policy_routes_and_sees_the_inflight_requests(

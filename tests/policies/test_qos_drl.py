@@ -6,11 +6,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from policies.predictor import DEFAULT_MODEL_DIR, ScorePredictor
 from policies.qos_drl import QoSDRL
+from policies.types import BackendView, ClusterView
 
 
 def test_backends_sharing_a_model_share_one_prediction_row() -> None:
@@ -118,18 +120,23 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
         load(folder)
 
 
-def test_without_shedding_the_policy_takes_the_most_likely_backend() -> None:
-    from policies.types import BackendView, ClusterView, Decision, RequestInfo
-
-    shedding = QoSDRL()
-    serving = shedding.configured(30.0, shed=False)
-    experts = shedding.predictor.models
-    view = ClusterView(
+def four_experts(policy: QoSDRL) -> ClusterView:
+    """Four backends serving the predictor's first four models, 0-3 running."""
+    experts = policy.predictor.models
+    return ClusterView(
         tuple(
             BackendView(id=f"e{i}", models=frozenset({"m"}), expert=experts[i], running=i)
             for i in range(4)
         )
     )
+
+
+def test_without_shedding_the_policy_takes_the_most_likely_backend() -> None:
+    from policies.types import Decision, RequestInfo
+
+    shedding = QoSDRL()
+    serving = shedding.configured(30.0, shed=False)
+    view = four_experts(shedding)
     req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
     scored = shedding._scored(req, view)
     assert not isinstance(scored, Decision)
@@ -158,3 +165,35 @@ def test_with_no_candidate_the_policy_names_the_filter_that_left_none() -> None:
     assert rejected.reason == "no backend passed the 'serves_model' filter"
     down = ClusterView((view.backends[0],))
     assert policy.decide(req, down).reason == "no backend passed the 'healthy' filter"
+
+
+def test_warming_repeats_the_last_decision_and_changes_nothing() -> None:
+    from policies import Pipeline, Warmable
+    from policies.pickers import Argmax
+    from policies.types import RequestInfo
+
+    policy = QoSDRL()
+    assert isinstance(policy, Warmable)
+    assert not isinstance(Pipeline("p", (), (), Argmax()), Warmable)  # only those that can
+    assert not policy.warm()  # no decision yet to repeat
+    view = four_experts(policy)
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+    before = policy.ranked(req, view)
+    kept = (dict(policy._features), dict(policy._models))
+    session, runs = policy._session, []
+
+    class Counted:  # onnxruntime's session, its runs counted
+        def run(self, *args: Any) -> Any:
+            runs.append(args[1])
+            return session.run(*args)
+
+    policy._session = Counted()  # type: ignore[assignment]
+    assert policy.warm()
+    assert (
+        len(runs) == 1
+        and runs[0]["ids"].tolist() == policy.predictor.prompt_ids(req.prompt).tolist()
+    )
+    assert (dict(policy._features), dict(policy._models)) == kept
+    assert policy.ranked(req, view) == before
+    # another target's copy has not decided anything
+    assert not policy.configured(40.0).warm()
