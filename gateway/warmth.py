@@ -6,8 +6,9 @@ has idled for 1-10 ms: the core has slept and the graph and code have left its
 caches (docs/performance.md, "Keeping the decision warm"). With `keep_warm_ms` set,
 the gateway repeats each warmable policy's last decision whenever it has made none
 for that long, and the next real one finds the core awake and the caches warm. The
-price is one decision per period of idleness, on the event loop: a request that
-arrives during one waits for it.
+price is one decision per period without decisions, on the event loop: a request that
+arrives during one waits for it, and so do the chunks of streams relayed meanwhile (no
+new decision is not no work: long streams still flow).
 """
 
 from __future__ import annotations
