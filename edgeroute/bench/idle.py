@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
+from edgeroute.bench.loadgen import percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, KEEP_WARM_MS, LOAD_CPU, full_queue_phase, pin
 from edgeroute.bench.policies import MEDIAN_PROMPT, full_queues
 from edgeroute.results_io import Plot, table, write
@@ -23,9 +25,11 @@ from policies import RequestInfo
 
 GAPS_MS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
 BACKENDS = 12
+QS = (("p50_us", 50), ("p90_us", 90), ("p99_us", 99))
+TARGETS = ("qos_drl", "qos_drl@warm")
 
 
-def idle(gap: float, warm_every: float | None, warm: Any) -> None:
+def idle(gap: float, warm_every: float | None, warm: Callable[[], object]) -> None:
     """Sleep `gap` seconds, calling `warm` every `warm_every` of them if given."""
     end = time.perf_counter() + gap
     while (left := end - time.perf_counter()) > 0:
@@ -56,10 +60,7 @@ def measure(reps: int, runs: int) -> list[dict[str, Any]]:
                     t0 = time.perf_counter()
                     policy.decide(req, views[k % len(views)])
                     times.append(time.perf_counter() - t0)
-                times.sort()
-                per_run.append(
-                    {q: times[min(len(times) - 1, int(len(times) * p))] * 1e6 for q, p in QS}
-                )
+                per_run.append({q: percentile(times, p) * 1e6 for q, p in QS})
             row = {
                 "idle": mode,
                 "gap_ms": gap,
@@ -74,11 +75,8 @@ def measure(reps: int, runs: int) -> list[dict[str, Any]]:
     return rows
 
 
-QS = (("p50_us", 0.5), ("p90_us", 0.9), ("p99_us", 0.99))
-
-
 def request_path(rounds: int, seconds: float) -> list[dict[str, Any]]:
-    """Each round's p99 and share over budget, per target, and whether warm was lower."""
+    """Each round's p99 and share of decisions over budget, without and with warm-ups."""
     pin(LOAD_CPU)
     plain, warm = full_queue_phase(rounds, seconds, list(TARGETS))
     rows = []
@@ -89,9 +87,6 @@ def request_path(rounds: int, seconds: float) -> list[dict[str, Any]]:
             row[f"{name}_over_budget_pct"] = got["rounds_over_budget_pct"][r]
         rows.append(row)
     return rows
-
-
-TARGETS = ("qos_drl", "qos_drl@warm")
 
 
 def main(quick: bool, seed: int, json_path: str | None) -> None:

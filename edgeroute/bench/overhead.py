@@ -228,9 +228,11 @@ async def measure(port: int, seconds: float, pid: int | None) -> dict[str, float
     stream_body = body[:-1] + b',"stream":true}'
     s8 = await closed_loop("127.0.0.1", port, post("/v1/chat/completions", stream_body), 8, seconds)
     # What the gateway spends doing nothing: its own loops, and warm-ups if kept warm.
-    cpu1 = cpu_seconds(pid) if pid else 0.0
-    await asyncio.sleep(IDLE_SECONDS)
-    idle_pct = 100 * (cpu_seconds(pid) - cpu1) / IDLE_SECONDS if pid else 0.0
+    idle_pct = 0.0
+    if pid:
+        cpu1 = cpu_seconds(pid)
+        await asyncio.sleep(IDLE_SECONDS)
+        idle_pct = 100 * (cpu_seconds(pid) - cpu1) / IDLE_SECONDS
     out = {
         "c1_p50_ms": percentile(c1.latencies, 50) * 1e3,
         "c1_p99_ms": percentile(c1.latencies, 99) * 1e3,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from edgeroute.bench.loadgen import percentile
 from edgeroute.results_io import Plot, write
 from oracle.topology import Topology
 from policies import PRESETS, BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
@@ -105,11 +106,10 @@ def timed(
             decide(r, v)
             samples.append(time.perf_counter() - t0)
         means.append((time.perf_counter() - t_run) / len(reqs))
-    samples.sort()
     return {
         "decision_us_mean": statistics.median(means) * 1e6,
-        "decision_us_p50": samples[len(samples) // 2] * 1e6,
-        "decision_us_p99": samples[int(len(samples) * 0.99)] * 1e6,
+        "decision_us_p50": percentile(samples, 50) * 1e6,
+        "decision_us_p99": percentile(samples, 99) * 1e6,
     }
 
 
