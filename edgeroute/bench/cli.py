@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
-from edgeroute.qos.config import DEFAULT_RATE, QUALITIES
+from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, QUALITIES
 from edgeroute.sim.edge import Fleet
 
 _N = TypeVar("_N", int, float)
@@ -81,7 +81,8 @@ def _positive(text: str, unit: str, symbol: str, kind: Callable[[str], _N]) -> _
 
 
 def positive_ms(text: str) -> float:
-    """`--scrape-ms MS` (of `bench qos` and `train qos`): a span in ms, MS > 0."""
+    """`--scrape-ms MS` (of `bench qos` and `train qos`) or `--latency-ms MS` (of `bench
+    qos --live`): a span in ms, MS > 0."""
     return _positive(text, "ms", "MS", float)
 
 
@@ -245,6 +246,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=positive_rate,
         help="with --live: requests per second (Poisson; default the paper's 5); "
         "results of their own",
+    )
+    q.add_argument(
+        "--latency-ms",
+        type=positive_ms,
+        help="with --live: the latency target L per output token, in emulated ms (default "
+        "the paper's 30); results of their own",
     )
     q.add_argument(
         "--scrape-ms",
@@ -466,6 +473,7 @@ def _qos(a: argparse.Namespace) -> None:
             runs,
             a.requests,
             rate=DEFAULT_RATE if a.rate is None else a.rate,
+            latency_ms=DEFAULT_LATENCY_MS if a.latency_ms is None else a.latency_ms,
             n_seeds=3 if a.seeds is None else a.seeds,
             quality=a.quality,
             scrape_ms=a.scrape_ms,
@@ -495,6 +503,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     if not a.live:
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),
+            ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
             ("--max-batch", a.max_batch, "simulated experts take --running-cap"),
         )
         for flag, value, why in live_only:

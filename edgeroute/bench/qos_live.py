@@ -197,10 +197,11 @@ def named(
     unshed: frozenset[str] = frozenset(),
     rate: float = DEFAULT_RATE,
     first_seed: int = 1,
+    latency_ms: float = DEFAULT_LATENCY_MS,
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
-    the default, engines with another batch limit or another arrival rate are another
-    world, agents given by hand are other agents, and other seeds other samples, so
+    the default, engines with another batch limit, another arrival rate or another
+    latency target are another world, agents given by hand are other agents, and other seeds other samples, so
     each gets results of its own rather than overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named, variant_named
 
@@ -213,6 +214,9 @@ def named(
     if rate != DEFAULT_RATE:
         base += f"_rate-{rate:g}"
         flags += f" --rate {rate:g}"
+    if latency_ms != DEFAULT_LATENCY_MS:
+        base += f"_L-{latency_ms:g}ms"
+        flags += f" --latency-ms {latency_ms:g}"
     base, seed_flags = variant_named(base, first_seed)
     name, model_flags = agents_named(base, models, unshed)
     return name, flags + seed_flags + model_flags
@@ -283,7 +287,9 @@ def main(
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     check_unshed(models, unshed)
-    result_name, flags = named(quality, scrape_ms, models, max_batch, unshed, rate, seed)
+    result_name, flags = named(
+        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms
+    )
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
     requests = min(requests, 100) if quick else requests

@@ -205,6 +205,26 @@ def test_a_live_rate_is_positive_and_only_for_live_runs(
         args.func(args)
 
 
+def test_a_live_latency_target_reaches_the_live_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgeroute.bench.qos_live
+
+    parser = build_parser()
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "qos", "--live", "--latency-ms", bad])
+        assert "--latency-ms: expected" in capsys.readouterr().err
+    seen: list[object] = []
+    monkeypatch.setattr(
+        edgeroute.bench.qos_live, "main", lambda *a, **k: seen.append(k["latency_ms"])
+    )
+    for argv in (["--live"], ["--live", "--latency-ms", "40"]):
+        args = parser.parse_args(["bench", "qos", *argv])
+        args.func(args)
+    assert seen == [30.0, 40.0]
+
+
 def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,6 +262,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
     ("argv", "refused"),
     [
         (["--max-batch", "5"], "--max-batch is for --live runs"),
+        (["--latency-ms", "40"], "--latency-ms is for --live runs"),
         (["--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
         (["--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
         (["--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),

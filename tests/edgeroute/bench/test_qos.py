@@ -201,6 +201,9 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     assert (name, flags) == ("qos_live_routerdc_rate-8", " --rate 8")
     name, flags = named("routerdc", SCRAPE_MS, {}, rate=8.0, first_seed=101)
     assert (name, flags) == ("qos_live_routerdc_rate-8_seed-101", " --rate 8 --seed 101")
+    name, flags = named("routerdc", SCRAPE_MS, {}, first_seed=801, latency_ms=40.0)
+    assert (name, flags) == ("qos_live_routerdc_L-40ms_seed-801", " --latency-ms 40 --seed 801")
+    assert named("routerdc", SCRAPE_MS, {}, latency_ms=30.0) == ("qos_live_routerdc", "")
 
 
 def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None:
