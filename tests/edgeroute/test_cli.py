@@ -191,30 +191,30 @@ def test_no_drop_trains_without_the_drop_action() -> None:
         train_config(parser.parse_args(["train", "qos", "--episode-len", "0"]))
 
 
-def test_a_live_rate_is_positive_and_only_for_live_runs(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("flag", "bad"),
+    [(flag, bad) for flag in ("--rate", "--latency-ms", "--seeds") for bad in ("0", "-2", "soon")],
+)
+def test_bench_qos_refuses_a_count_or_span_that_is_not_positive(
+    flag: str, bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "qos", "--live", flag, bad])
+    assert f"{flag}: expected" in capsys.readouterr().err
+
+
+def test_a_live_rate_is_only_for_live_runs() -> None:
     parser = build_parser()
     assert parser.parse_args(["bench", "qos", "--live", "--rate", "8"]).rate == 8.0
-    for bad in ("0", "-1", "fast"):
-        with pytest.raises(SystemExit):
-            parser.parse_args(["bench", "qos", "--live", "--rate", bad])
-        assert "--rate: expected" in capsys.readouterr().err
     args = parser.parse_args(["bench", "qos", "--rate", "8"])
     with pytest.raises(SystemExit, match="--rate is for --live runs"):
         args.func(args)
 
 
-def test_a_live_latency_target_reaches_the_live_run(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_live_latency_target_reaches_the_live_run(monkeypatch: pytest.MonkeyPatch) -> None:
     import edgeroute.bench.qos_live
 
     parser = build_parser()
-    for bad in ("0", "-5", "soon"):
-        with pytest.raises(SystemExit):
-            parser.parse_args(["bench", "qos", "--live", "--latency-ms", bad])
-        assert "--latency-ms: expected" in capsys.readouterr().err
     seen: list[object] = []
     monkeypatch.setattr(
         edgeroute.bench.qos_live, "main", lambda *a, **k: seen.append(k["latency_ms"])
@@ -226,16 +226,12 @@ def test_a_live_latency_target_reaches_the_live_run(
 
 
 def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import edgeroute.bench.qos
     import edgeroute.bench.qos_live
 
     parser = build_parser()
-    for bad in ("0", "-2", "many"):
-        with pytest.raises(SystemExit):
-            parser.parse_args(["bench", "qos", "--seeds", bad])
-        assert "--seeds: expected" in capsys.readouterr().err
     seen: dict[str, object] = {}
 
     def simulated(*args: object, **kwargs: object) -> None:
