@@ -201,8 +201,9 @@ def named(
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default, engines with another batch limit, another arrival rate or another
-    latency target are another world, agents given by hand are other agents, and other seeds other samples, so
-    each gets results of its own rather than overwriting the committed ones."""
+    latency target are another world, agents given by hand are other agents, and other
+    seeds other samples, so each gets results of its own rather than overwriting the
+    committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named, variant_named
 
     base, flags = scrape_named(
