@@ -92,7 +92,7 @@ def positive_rate(text: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    """`--seeds N` (of `bench qos`): a count, N > 0."""
+    """`--seeds N` or `--engines N` (of `bench qos`): a count, N > 0."""
     return _positive(text, "a whole number", "N", int)
 
 
@@ -230,7 +230,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--live",
         action="store_true",
-        help="instead, compare through the real gateway with 6 emulated workers",
+        help="instead, compare through the real gateway with emulated workers (6, or --engines)",
     )
     q.add_argument(
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
@@ -265,6 +265,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="store_true",
         help="simulation: every point on held-out hardware (environment seed k on the k-th "
         "held-out draw) rather than all on hardware seed 0; results of their own",
+    )
+    q.add_argument(
+        "--engines",
+        type=positive_int,
+        help="with --live: this many emulated engines, cycling the six profiles (and "
+        "RouterDC's models) as the simulation's N sweep cycles its models (default 6); "
+        "results of their own",
     )
     q.add_argument(
         "--max-batch",
@@ -479,6 +486,7 @@ def _qos(a: argparse.Namespace) -> None:
             scrape_ms=a.scrape_ms,
             max_batch=a.max_batch,
             unshed=frozenset(a.no_shed),
+            engines=a.engines,
         )
         return
     main(
@@ -505,6 +513,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
             ("--rate", a.rate, "the simulation sweeps it"),
             ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
             ("--max-batch", a.max_batch, "simulated experts take --running-cap"),
+            ("--engines", a.engines, "the simulation sweeps N"),
         )
         for flag, value, why in live_only:
             if value is not None:
@@ -520,8 +529,8 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     if simulated_only:
         flag = "--" + simulated_only[0].replace("_", "-")
         return (
-            f"{flag} is for simulated runs (a --live run serves its six emulated engines; "
-            "--max-batch caps their batch)"
+            f"{flag} is for simulated runs (a --live run serves its emulated engines; "
+            "--engines sets how many, --max-batch caps their batch)"
         )
     return None
 

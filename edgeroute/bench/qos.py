@@ -192,12 +192,12 @@ def main(
         held_out_here: bool = held_out,
         engines: bool = False,
     ) -> EdgeEnv:
-        """The k-th environment seed's episode: hardware seed 0 (no agent trained on
-        it), the k-th held-out hardware or the live run's six engines; a trace is read
-        from its k-th window."""
+        """The k-th environment seed's episode with `n` experts: on hardware seed 0 (no
+        agent trained on it), the k-th held-out hardware or the live run's engines; a
+        trace is read from its k-th window."""
         hardware = held_out_hardware(k) if held_out_here else 0
         return EdgeEnv(
-            engine_experts(QUALITY_MODELS[quality])
+            engine_experts(QUALITY_MODELS[quality], n)
             if engines
             else default_experts(n, seed=hardware, models=QUALITY_MODELS[quality], fleet=fleet),
             tasks,

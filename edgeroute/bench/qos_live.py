@@ -2,8 +2,10 @@
 
 Six emulated workers (time-scaled) serve the six open RouterBench models behind one
 alias (or, with `quality` routerdc, answer as six of RouterDC's models on the same six
-hardware profiles); real prompts of the evaluation split (which neither the predictor
-nor the agent trained on) arrive by a Poisson process (the same prompts and instants
+hardware profiles); another number of engines cycles the profiles and the models
+(`edgeroute.sim.edge.engine_fleet`, as the simulator's `live engines` has them). Real
+prompts of the evaluation split (which neither the predictor nor the agent trained
+on) arrive by a Poisson process (the same prompts and instants
 for every policy). The workers and the client share one event loop; the gateway
 runs in a process of its own. QoS per request is the worker's reported ground-truth
 score (`x-emulated-score`) times [latency per token <= L], with latency measured by
@@ -35,10 +37,10 @@ from edgeroute.qos.config import (
     quality_suffix,
 )
 from edgeroute.results_io import write
-from edgeroute.sim.edge import QUALITY_MODELS, Quality, load_tasks
+from edgeroute.sim.edge import QUALITY_MODELS, Quality, engine_fleet, load_tasks
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
-from workers.profiles import EXPERTS, PROFILES
+from workers.profiles import EXPERTS
 from workers.server import Worker, WorkerConfig
 
 ALIAS = "edge"
@@ -63,29 +65,30 @@ async def run_policy(
     quality: Quality = "routerbench",
     scrape_ms: float = SCRAPE_MS,
     max_batch: int | None = None,
+    engines: int = len(EXPERTS),
 ) -> dict[str, Any]:
-    """`quality` routerbench: each worker is its RouterBench model's profile; routerdc:
-    the same hardware, answering as RouterDC's models in turn (and named after them,
-    as the predictor knows them). `max_batch`: each engine runs at most that many
-    requests at once (the paper's edge experts: 5), else its profile's limit."""
-    # Each worker serves its model under that model's full name, as a vLLM server does,
-    # so that the gateway's predictor knows it (some profile names are shortened).
-    answers = QUALITY_MODELS[quality] if quality != "routerbench" else (None,) * len(EXPERTS)
-    names = [a or PROFILES[p].data_model or p for p, a in zip(EXPERTS, answers, strict=False)]
-    port, *worker_ports = free_ports(1 + len(EXPERTS))
+    """`engines` workers, `edgeroute.sim.edge.engine_fleet`'s: with `quality`
+    routerbench the first six are their RouterBench model's profile; with routerdc
+    the same hardware answers as RouterDC's models in turn. `max_batch`: each engine
+    runs at most that many requests at once (the paper's edge experts: 5), else its
+    profile's limit."""
+    # Each serves its model under the model's full name, as a vLLM server does, so that
+    # the gateway's predictor knows it.
+    fleet = engine_fleet(QUALITY_MODELS[quality], engines)
+    port, *worker_ports = free_ports(1 + engines)
     workers = [
         Worker(
             WorkerConfig(
-                profile=p,
-                served_model_names=[names[i], ALIAS],
-                answers_as=a,
+                profile=profile,
+                served_model_names=[model, ALIAS],
+                answers_as=model,
                 port=worker_ports[i],
                 speedup=speedup,
                 data_dir=data_dir,
                 overrides={} if max_batch is None else {"max_batch": max_batch},
             )
         )
-        for i, (p, a) in enumerate(zip(EXPERTS, answers, strict=False))
+        for i, (profile, model) in enumerate(fleet)
     ]
     servers = [make_server(Listener(w.app, "127.0.0.1", w.config.port)) for w in workers]
     tasks = [asyncio.create_task(s.serve()) for s in servers]
@@ -100,10 +103,10 @@ async def run_policy(
     backends = [
         {
             "url": f"http://127.0.0.1:{w.config.port}",
-            "id": w.config.profile,
+            "id": engine_id(w.config.profile, i),
             "profile": {"max_batch": w.profile.max_batch},
         }
-        for w in workers
+        for i, w in enumerate(workers)
     ]
     gateway = await asyncio.to_thread(
         start_gateway,
@@ -127,7 +130,7 @@ async def run_policy(
             s.should_exit = True
         await asyncio.gather(*tasks)
     served = [r for r in results if r[2] == ANSWERED]
-    engines = Counter(r[3] for r in served if r[3])
+    answered_by = Counter(r[3] for r in served if r[3])
     return {
         "qos": statistics.fmean(s * (lat <= latency) for s, lat, _, _ in results),
         "latency_ms": statistics.fmean(r[1] for r in served) * 1e3 if served else None,
@@ -137,12 +140,19 @@ async def run_policy(
         "requests": len(results),
         # what a bad run is made of: the policy's routing (all on one engine) or the
         # harness (the engines' event loop falling behind, in emulated ms)
-        "busiest_share": max(engines.values()) / len(served) if engines else None,
+        "busiest_share": max(answered_by.values()) / len(served) if answered_by else None,
         "loop_lag_ms": percentile(lags, 99) * speedup * 1e3 if lags else None,
     }
 
 
 ANSWERED, SHED, FAILED = 0, 1, 2
+
+
+def engine_id(profile: str, i: int) -> str:
+    """The i-th engine's backend id: its profile's name, numbered from the second
+    round of the profiles on (`profile-2`, ...)."""
+    round_ = i // len(EXPERTS)
+    return profile if round_ == 0 else f"{profile}-{round_ + 1}"
 
 
 async def loop_lag(lags: list[float], period: float = 0.005) -> None:
@@ -198,10 +208,11 @@ def named(
     rate: float = DEFAULT_RATE,
     first_seed: int = 1,
     latency_ms: float = DEFAULT_LATENCY_MS,
+    engines: int = len(EXPERTS),
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
-    the default, engines with another batch limit, another arrival rate or another
-    latency target are another world, agents given by hand are other agents, and other
+    the default, engines with another batch limit, another number of engines, another
+    arrival rate or another latency target are another world, agents given by hand are other agents, and other
     seeds other samples, so each gets results of its own rather than overwriting the
     committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named, variant_named
@@ -212,6 +223,9 @@ def named(
     if max_batch is not None:
         base += f"_batch-{max_batch}"
         flags += f" --max-batch {max_batch}"
+    if engines != len(EXPERTS):
+        base += f"_engines-{engines}"
+        flags += f" --engines {engines}"
     if rate != DEFAULT_RATE:
         base += f"_rate-{rate:g}"
         flags += f" --rate {rate:g}"
@@ -276,20 +290,22 @@ def main(
     scrape_ms: float | None = None,
     max_batch: int | None = None,
     unshed: frozenset[str] = frozenset(),
+    engines: int | None = None,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
     world's predictor) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
-    (modulo its number of runs). `max_batch`: see `run_policy`. `unshed`: agents served
+    (modulo its number of runs). `max_batch`, `engines` (None: six): see `run_policy`. `unshed`: agents served
     with `shed: false` (never drop)."""
     from edgeroute.bench.qos import check_unshed, trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
+    engines = len(EXPERTS) if engines is None else engines
     check_unshed(models, unshed)
     result_name, flags = named(
-        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms
+        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms, engines
     )
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
@@ -322,6 +338,7 @@ def main(
                     quality,
                     scrape_ms,
                     max_batch,
+                    engines,
                 )
             )
             rows.append({"seed": one_seed, "policy": name, **r})
@@ -347,6 +364,7 @@ def main(
             "latency_ms": latency_ms,
             "scrape_ms": scrape_ms,
             "max_batch": max_batch,
+            "engines": engines,
             "models": {k: [str(d) for d in v] for k, v in models.items()},
         },
         summary,
@@ -365,8 +383,13 @@ def main(
         ],
         json_path,
         notes=(
-            f"Through the gateway (a process of its own, on CPU {GATEWAY_CPU}): six emulated "
-            f"workers ({WORKERS[quality]}, time-scaled x{speedup:g}, in the client's "
+            f"Through the gateway (a process of its own, on CPU {GATEWAY_CPU}): "
+            + (
+                f"six emulated workers ({WORKERS[quality]}"
+                if engines == len(EXPERTS)
+                else f"{engines} emulated workers ({WORKERS[quality]}, cycled"
+            )
+            + f", time-scaled x{speedup:g}, in the client's "
             f"process), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "
             f"{latency_ms:g} ms, engines' metrics scraped every {scrape_ms:g} emulated ms"

@@ -183,14 +183,21 @@ def default_experts(
 ENGINE_WAITING_CAP = 1000
 
 
-def engine_experts(models: tuple[str, ...] = MODELS) -> list[EdgeExpert]:
-    """The six emulated engines of `bench qos --live` (`workers.profiles`) as the
-    simulator's experts, answering as `models` in turn as the live workers do: each
-    profile's own time constants, batch cap and KV memory. Hardware no agent trained
-    on, drawn by nobody: a check that the simulator ranks policies as the live run does."""
+def engine_fleet(models: tuple[str, ...] = MODELS, n: int = len(EXPERTS)) -> list[tuple[str, str]]:
+    """The emulated engines of `bench qos --live` as (profile in `workers.profiles`,
+    model it answers as): the six profiles and `models`, each cycled; one rule for the
+    live workers and the simulator's `engine_experts`."""
+    return [(EXPERTS[i % len(EXPERTS)], models[i % len(models)]) for i in range(n)]
+
+
+def engine_experts(models: tuple[str, ...] = MODELS, n: int = len(EXPERTS)) -> list[EdgeExpert]:
+    """The `n` emulated engines of `bench qos --live` (`engine_fleet`) as the
+    simulator's experts: each profile's own time constants, batch cap and KV memory.
+    Hardware no agent trained on, drawn by nobody: a check that the simulator ranks
+    policies as the live run does."""
     return [
         EdgeExpert(
-            models[i % len(models)],
+            model,
             base=p.base,
             k1=p.k1,
             k2=p.k2,
@@ -198,7 +205,7 @@ def engine_experts(models: tuple[str, ...] = MODELS) -> list[EdgeExpert]:
             running_cap=p.max_batch,
             waiting_cap=ENGINE_WAITING_CAP,
         )
-        for i, p in enumerate(PROFILES[name] for name in EXPERTS)
+        for model, p in ((m, PROFILES[name]) for name, m in engine_fleet(models, n))
     ]
 
 

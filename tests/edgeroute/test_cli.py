@@ -193,7 +193,11 @@ def test_no_drop_trains_without_the_drop_action() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "bad"),
-    [(flag, bad) for flag in ("--rate", "--latency-ms", "--seeds") for bad in ("0", "-2", "soon")],
+    [
+        (flag, bad)
+        for flag in ("--rate", "--latency-ms", "--seeds", "--engines")
+        for bad in ("0", "-2", "soon")
+    ],
 )
 def test_bench_qos_refuses_a_count_or_span_that_is_not_positive(
     flag: str, bad: str, capsys: pytest.CaptureFixture[str]
@@ -211,18 +215,22 @@ def test_a_live_rate_is_only_for_live_runs() -> None:
         args.func(args)
 
 
-def test_a_live_latency_target_reaches_the_live_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_live_latency_target_and_engine_count_reach_the_live_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import edgeroute.bench.qos_live
 
     parser = build_parser()
     seen: list[object] = []
     monkeypatch.setattr(
-        edgeroute.bench.qos_live, "main", lambda *a, **k: seen.append(k["latency_ms"])
+        edgeroute.bench.qos_live,
+        "main",
+        lambda *a, **k: seen.append((k["latency_ms"], k["engines"])),
     )
-    for argv in (["--live"], ["--live", "--latency-ms", "40"]):
+    for argv in (["--live"], ["--live", "--latency-ms", "40", "--engines", "12"]):
         args = parser.parse_args(["bench", "qos", *argv])
         args.func(args)
-    assert seen == [30.0, 40.0]
+    assert seen == [(30.0, None), (40.0, 12)]  # None: the live run's own six
 
 
 def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
@@ -259,6 +267,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
     [
         (["--max-batch", "5"], "--max-batch is for --live runs"),
         (["--latency-ms", "40"], "--latency-ms is for --live runs"),
+        (["--engines", "12"], "--engines is for --live runs"),
         (["--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
         (["--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
         (["--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),

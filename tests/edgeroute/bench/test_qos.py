@@ -187,6 +187,22 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     assert _children() <= before
 
 
+@needs_data("the RouterDC data")
+def test_a_live_run_with_more_engines_serves_from_every_one_of_them() -> None:
+    """Eight engines, cycling the six profiles: round-robin spreads 24 requests over
+    all eight (each backend its own id), not over the six profiles' worth."""
+    from edgeroute.bench.qos_live import run_policy
+    from edgeroute.sim.edge import load_tasks
+
+    prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:24]]
+    spec = {"policy": "round_robin"}
+    r = asyncio.run(
+        run_policy(spec, prompts, [0.2] * 24, 10.0, 0.030, DATA_DIR, "routerdc", engines=8)
+    )
+    assert r["requests"] == 24 and r["drop_rate"] == 0.0 and r["errors"] == 0
+    assert r["busiest_share"] == pytest.approx(1 / 8)
+
+
 def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     from edgeroute.bench.qos_live import SCRAPE_MS, named
 
@@ -204,6 +220,9 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     name, flags = named("routerdc", SCRAPE_MS, {}, first_seed=801, latency_ms=40.0)
     assert (name, flags) == ("qos_live_routerdc_L-40ms_seed-801", " --latency-ms 40 --seed 801")
     assert named("routerdc", SCRAPE_MS, {}, latency_ms=30.0) == ("qos_live_routerdc", "")
+    name, flags = named("routerdc", SCRAPE_MS, {}, first_seed=901, engines=12)
+    assert (name, flags) == ("qos_live_routerdc_engines-12_seed-901", " --engines 12 --seed 901")
+    assert named("routerdc", SCRAPE_MS, {}, engines=6) == ("qos_live_routerdc", "")
 
 
 def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None:

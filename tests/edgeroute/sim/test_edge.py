@@ -17,8 +17,12 @@ from edgeroute.sim.edge import (
     azure_arrivals,
     bucket,
     cluster_view,
+    engine_experts,
+    engine_fleet,
     poisson_arrivals,
 )
+from workers.profiles import EXPERTS, PROFILES
+from workers.quality import ROUTERDC_MODELS
 
 MODEL = "m"
 
@@ -235,3 +239,23 @@ def test_a_scraping_view_credits_waiting_requests_as_the_gateway_does() -> None:
 def test_a_scrape_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="scrape"):
         env_with(EXPERT, [task()], [0.0], scrape=0.0)
+
+
+def test_the_live_engines_are_the_six_profiles_answering_as_their_own_models() -> None:
+    assert engine_fleet() == [(p, PROFILES[p].data_model) for p in EXPERTS]
+
+
+def test_more_live_engines_cycle_the_profiles_and_the_models() -> None:
+    """Twelve engines answering as RouterDC's seven models: profile i mod 6, model i
+    mod 7, so no two engines are alike; the simulator's experts are those engines."""
+    fleet = engine_fleet(ROUTERDC_MODELS, 12)
+    assert [p for p, _ in fleet] == list(EXPERTS) * 2
+    assert [m for _, m in fleet] == [*ROUTERDC_MODELS, *ROUTERDC_MODELS[:5]]
+    assert len(set(fleet)) == 12
+    experts = engine_experts(ROUTERDC_MODELS, 12)
+    for (profile, model), e in zip(fleet, experts, strict=True):
+        assert (e.model, e.base, e.running_cap) == (
+            model,
+            PROFILES[profile].base,
+            PROFILES[profile].max_batch,
+        )
