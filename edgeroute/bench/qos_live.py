@@ -53,6 +53,18 @@ WORKERS = {
     "routerdc": "the six hardware profiles of RouterBench's open models, answering as "
     "the first six of RouterDC's models, RouterDC's free-form prompts",
 }
+PROMPTS = {"routerbench": "MBPP prompts", "routerdc": "RouterDC's free-form prompts"}
+
+
+def fleet_words(quality: Quality, engines: int) -> str:
+    """The results' words for the workers, up to the closing bracket."""
+    if engines == len(EXPERTS):
+        return f"six emulated workers ({WORKERS[quality]}"
+    models = len(QUALITY_MODELS[quality])
+    return (
+        f"{engines} emulated workers (the six hardware profiles of RouterBench's open "
+        f"models and the {quality} world's {models} models, each cycled, {PROMPTS[quality]}"
+    )
 
 
 async def run_policy(
@@ -384,11 +396,7 @@ def main(
         json_path,
         notes=(
             f"Through the gateway (a process of its own, on CPU {GATEWAY_CPU}): "
-            + (
-                f"six emulated workers ({WORKERS[quality]}"
-                if engines == len(EXPERTS)
-                else f"{engines} emulated workers ({WORKERS[quality]}, cycled"
-            )
+            + fleet_words(quality, engines)
             + f", time-scaled x{speedup:g}, in the client's "
             f"process), {requests} evaluation-split prompts per seed "
             f"arriving at {rate:g}/s (Poisson; the same for every policy), L = "

@@ -225,6 +225,15 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     assert named("routerdc", SCRAPE_MS, {}, engines=6) == ("qos_live_routerdc", "")
 
 
+def test_a_live_run_with_more_engines_says_they_cycle_the_models() -> None:
+    from edgeroute.bench.qos_live import fleet_words
+
+    assert "first six of RouterDC's models" in fleet_words("routerdc", 6)
+    twelve = fleet_words("routerdc", 12)
+    assert twelve.startswith("12 emulated workers") and "first six" not in twelve
+    assert "7 models, each cycled" in twelve
+
+
 def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None:
     """The hostile twin of the live harness: a server that closes every connection
     without answering. Each request is kept, scored 0 and counted as failed."""
