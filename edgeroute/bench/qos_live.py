@@ -5,11 +5,11 @@ alias (or, with `quality` routerdc, answer as six of RouterDC's models on the sa
 hardware profiles); another number of engines cycles the profiles and the models
 (`edgeroute.sim.edge.engine_fleet`, as the simulator's `live engines` has them). Real
 prompts of the evaluation split (which neither the predictor nor the agent trained
-on) arrive by a Poisson process (the same prompts and instants
-for every policy). The workers and the client share one event loop; the gateway
-runs in a process of its own. QoS per request is the worker's reported ground-truth
-score (`x-emulated-score`) times [latency per token <= L], with latency measured by
-the client in emulated seconds; a shed request (503) scores 0.
+on) arrive by a Poisson process (the same prompts and instants for every policy).
+The workers and the client share one event loop; the gateway runs in a process of
+its own. QoS per request is the worker's reported ground-truth score
+(`x-emulated-score`) times [latency per token <= L], with latency measured by the
+client in emulated seconds; a shed request (503) scores 0.
 """
 
 from __future__ import annotations
@@ -224,9 +224,9 @@ def named(
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default, engines with another batch limit, another number of engines, another
-    arrival rate or another latency target are another world, agents given by hand are other agents, and other
-    seeds other samples, so each gets results of its own rather than overwriting the
-    committed ones."""
+    arrival rate or another latency target are another world, agents given by hand
+    are other agents, and other seeds other samples, so each gets results of its own
+    rather than overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named, variant_named
 
     base, flags = scrape_named(
