@@ -269,9 +269,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     q.add_argument(
         "--engines",
         type=positive_int,
-        help="with --live: this many emulated engines, cycling the six profiles (and "
-        "RouterDC's models) as the simulation's N sweep cycles its models (default 6); "
-        "results of their own",
+        help="with --live: this many emulated engines, cycling the six profiles and the "
+        "quality world's models (sim.edge.engine_fleet; default 6); results of their own",
     )
     q.add_argument(
         "--max-batch",
