@@ -48,23 +48,26 @@ _DEFAULTS = Settings.model_fields
 # The gateway's default scrape of the engines' metrics, in emulated ms: time-scaled
 # like every other interval of the run.
 SCRAPE_MS = float(_DEFAULTS["scrape_interval"].default) * 1000
-WORKERS = {
-    "routerbench": "the six open RouterBench models, MBPP prompts",
-    "routerdc": "the six hardware profiles of RouterBench's open models, answering as "
-    "the first six of RouterDC's models, RouterDC's free-form prompts",
-}
 PROMPTS = {"routerbench": "MBPP prompts", "routerdc": "RouterDC's free-form prompts"}
 
 
 def fleet_words(quality: Quality, engines: int) -> str:
     """The results' words for the workers, up to the closing bracket."""
-    if engines == len(EXPERTS):
-        return f"six emulated workers ({WORKERS[quality]}"
-    models = len(QUALITY_MODELS[quality])
-    return (
-        f"{engines} emulated workers (the six hardware profiles of RouterBench's open "
-        f"models and the {quality} world's {models} models, each cycled, {PROMPTS[quality]}"
-    )
+    if engines != len(EXPERTS):
+        models = len(QUALITY_MODELS[quality])
+        fleet = (
+            "the six hardware profiles of RouterBench's open models and the "
+            f"{quality} world's {models} models, each cycled"
+        )
+    elif quality == "routerbench":
+        fleet = "the six open RouterBench models"
+    else:
+        fleet = (
+            "the six hardware profiles of RouterBench's open models, answering as the "
+            "first six of RouterDC's models"
+        )
+    count = "six" if engines == len(EXPERTS) else str(engines)
+    return f"{count} emulated workers ({fleet}, {PROMPTS[quality]}"
 
 
 async def run_policy(
@@ -307,8 +310,8 @@ def main(
     """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
     world's predictor) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
-    (modulo its number of runs). `max_batch`, `engines` (None: six): see `run_policy`. `unshed`: agents served
-    with `shed: false` (never drop)."""
+    (modulo its number of runs). `max_batch`, `engines` (None: six): see `run_policy`.
+    `unshed`: agents served with `shed: false` (never drop)."""
     from edgeroute.bench.qos import check_unshed, trained_runs
     from workers.quality import default_data_dir
 

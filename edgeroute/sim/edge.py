@@ -195,18 +195,21 @@ def engine_experts(models: tuple[str, ...] = MODELS, n: int = len(EXPERTS)) -> l
     simulator's experts: each profile's own time constants, batch cap and KV memory.
     Hardware no agent trained on, drawn by nobody: a check that the simulator ranks
     policies as the live run does."""
-    return [
-        EdgeExpert(
-            model,
-            base=p.base,
-            k1=p.k1,
-            k2=p.k2,
-            memory_tokens=p.kv_blocks * p.block_size,
-            running_cap=p.max_batch,
-            waiting_cap=ENGINE_WAITING_CAP,
+    experts = []
+    for name, model in engine_fleet(models, n):
+        p = PROFILES[name]
+        experts.append(
+            EdgeExpert(
+                model,
+                base=p.base,
+                k1=p.k1,
+                k2=p.k2,
+                memory_tokens=p.kv_blocks * p.block_size,
+                running_cap=p.max_batch,
+                waiting_cap=ENGINE_WAITING_CAP,
+            )
         )
-        for model, p in ((m, PROFILES[name]) for name, m in engine_fleet(models, n))
-    ]
+    return experts
 
 
 @dataclass(frozen=True)
