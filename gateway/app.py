@@ -292,6 +292,8 @@ def _backend_state(b: Backend) -> dict[str, Any]:
         "waiting": b.stats.waiting,
         "kv_usage": b.stats.kv_usage,
         "stats_age_s": None if b.stats.scraped_at < 0 else round(now - b.stats.scraped_at, 3),
+        # its answered requests' seconds per token (0: none yet), the QoS policy's view
+        "token_latency_s": b.token_latency,
     }
 
 

@@ -163,6 +163,14 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.backend_token_latency = Gauge(
+            "edgeroute_backend_token_latency_seconds",
+            "Seconds per output token of each backend's recently answered requests, end "
+            "to end, as the QoS policy sees it (0: none yet). It moves only when a "
+            "request there ends: a backend the router has stopped using keeps its last.",
+            ["backend"],
+            registry=r,
+        )
         self.stats_age = Gauge(
             "edgeroute_backend_stats_age_seconds",
             "Age of each backend's scraped stats.",

@@ -264,6 +264,7 @@ class Monitor:
             m.circuit.labels(b.id).set(int(b.circuit.state))
             m.backend_queue.labels(b.id).set(b.stats.running + b.stats.waiting)
             m.backend_kv.labels(b.id).set(b.stats.kv_usage)
+            m.backend_token_latency.labels(b.id).set(b.token_latency)
             m.stats_age.labels(b.id).set(min(now - b.stats.scraped_at, 1e9))
             m.inflight.labels(b.id).set(b.inflight + b.remote_inflight)
         m.local_inflight.set(self.pool.total_inflight())

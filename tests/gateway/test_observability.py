@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,3 +102,42 @@ def test_logs_are_json_with_the_request_id_and_never_hold_secrets_or_bodies(
         secret_body,
     ):
         assert secret not in everything
+
+
+def test_each_backends_seconds_per_token_is_shown_to_operators(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """What the QoS policy reads of a backend's speed, in the admin API and the metrics:
+    none (0) before a request there ends, then the answered request's seconds per
+    token, which the gateway measured inside the client's own wait."""
+    used, _ = start_worker()
+    unused, _ = start_worker()
+    url, _ = start_gateway(
+        [{"url": used, "id": "used"}, {"url": unused, "id": "unused", "draining": True}],
+        admin_token="test-admin-token",
+    )
+    admin = {"authorization": "Bearer test-admin-token"}
+
+    def shown() -> dict[str, float]:
+        state = httpx.get(url + "/admin/backends", headers=admin).json()["backends"]
+        return {b["id"]: b["token_latency_s"] for b in state}
+
+    assert shown() == {"used": 0.0, "unused": 0.0}
+    with httpx.Client(timeout=30) as client:
+        t0 = time.perf_counter()
+        r = client.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            },
+        )
+        waited = time.perf_counter() - t0
+    assert r.status_code == 200 and r.headers["x-edgeroute-backend"] == "used"
+    tokens = r.json()["usage"]["completion_tokens"]
+    seen = shown()
+    assert seen["unused"] == 0.0
+    assert 0 < seen["used"] <= waited / tokens
+    series = f'edgeroute_backend_token_latency_seconds{{backend="used"}} {seen["used"]!r}'
+    wait_until(lambda: series in httpx.get(url + "/metrics").text)
