@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gateway.logs import JsonFormatter
-from tests.support import closed_port, wait_until
+from tests.support import closed_port, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 MODEL = "mistral-7b-chat"
@@ -113,10 +113,9 @@ def test_each_backends_seconds_per_token_is_shown_to_operators(
     used, _ = start_worker()
     unused, _ = start_worker()
     url, _ = start_gateway(
-        [{"url": used, "id": "used"}, {"url": unused, "id": "unused", "draining": True}],
-        admin_token="test-admin-token",
+        [{"url": used, "id": "used"}, {"url": unused, "id": "unused", "draining": True}]
     )
-    admin = {"authorization": "Bearer test-admin-token"}
+    admin = {"authorization": "Bearer test-admin-token"}  # the test settings' token
 
     def shown() -> dict[str, float]:
         state = httpx.get(url + "/admin/backends", headers=admin).json()["backends"]
@@ -139,5 +138,13 @@ def test_each_backends_seconds_per_token_is_shown_to_operators(
     seen = shown()
     assert seen["unused"] == 0.0
     assert 0 < seen["used"] <= waited / tokens
-    series = f'edgeroute_backend_token_latency_seconds{{backend="used"}} {seen["used"]!r}'
-    wait_until(lambda: series in httpx.get(url + "/metrics").text)
+    wait_until(
+        lambda: (
+            sample(
+                httpx.get(url + "/metrics").text,
+                "edgeroute_backend_token_latency_seconds",
+                backend="used",
+            )
+            == seen["used"]
+        )
+    )
