@@ -54,20 +54,17 @@ PROMPTS = {"routerbench": "MBPP prompts", "routerdc": "RouterDC's free-form prom
 def fleet_words(quality: Quality, engines: int) -> str:
     """The results' words for the workers, up to the closing bracket."""
     if engines != len(EXPERTS):
-        models = len(QUALITY_MODELS[quality])
-        fleet = (
-            "the six hardware profiles of RouterBench's open models and the "
-            f"{quality} world's {models} models, each cycled"
+        return (
+            f"{engines} emulated workers (the six hardware profiles of RouterBench's open "
+            f"models and the {quality} world's {len(QUALITY_MODELS[quality])} models, "
+            f"each cycled, {PROMPTS[quality]}"
         )
-    elif quality == "routerbench":
-        fleet = "the six open RouterBench models"
-    else:
-        fleet = (
-            "the six hardware profiles of RouterBench's open models, answering as the "
-            "first six of RouterDC's models"
-        )
-    count = "six" if engines == len(EXPERTS) else str(engines)
-    return f"{count} emulated workers ({fleet}, {PROMPTS[quality]}"
+    if quality == "routerbench":
+        return f"six emulated workers (the six open RouterBench models, {PROMPTS[quality]}"
+    return (
+        "six emulated workers (the six hardware profiles of RouterBench's open models, "
+        f"answering as the first six of RouterDC's models, {PROMPTS[quality]}"
+    )
 
 
 async def run_policy(
