@@ -12,8 +12,8 @@ from tests.support import (
     RedisProcess,
     ServerThread,
     WorkerProcess,
-    free_port,
     gateway_settings,
+    loopback_socket,
     worker_config,
 )
 from workers.server import Worker
@@ -31,9 +31,9 @@ def start_worker(servers: ServerThread) -> Callable[..., tuple[str, Worker]]:
     """Start an in-process worker; returns (base url, worker)."""
 
     def start(**kw: Any) -> tuple[str, Worker]:
-        port = free_port()
-        worker = Worker(worker_config(port=port, **kw))
-        url, _ = servers.serve(worker.app, port)
+        sock = loopback_socket()
+        worker = Worker(worker_config(port=sock.getsockname()[1], **kw))
+        url, _ = servers.serve(worker.app, sock)
         return url, worker
 
     return start

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from tests.support import free_port
+from tests.support import loopback_socket
 
 
 @dataclass
@@ -121,7 +121,8 @@ class HostileBackend:
         a server whose keep-alive timeout fired just as the request was sent."""
         self.script = script
         self.drop_reused = drop_reused
-        self.port = free_port()
+        self._sock = loopback_socket()
+        self.port = int(self._sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[bytes] = []  # heads, in arrival order
         self.connections = 0
@@ -135,7 +136,7 @@ class HostileBackend:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port)
+            asyncio.start_server(self._serve, sock=self._sock)
         )
         self._ready.set()
         self._loop.run_forever()

@@ -56,6 +56,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free loopback port, to serve on. A server that must know its
+    port before it starts (a worker's config names it) takes it from here: between a
+    `free_port` and its bind, another test's connection may take the port as its own
+    local end."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def closed_port() -> int:
     """A loopback port that nothing listens on, for the whole test. A `free_port` that
     is left unbound is in the ephemeral range: a later bind may take it, or an outgoing
@@ -195,14 +206,11 @@ class ServerThread:
         return self.run(on_loop(), timeout)
 
     def serve(
-        self, app: Any, port: int | None = None, settings: Settings | None = None
+        self, app: Any, sock: socket.socket | None = None, settings: Settings | None = None
     ) -> tuple[str, Any]:
-        """Serve `app` on loopback; a gateway's `settings` set its limits on clients. The
-        socket is bound here and handed to the server, so no other test can take the
-        port between choosing it and listening on it."""
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port or 0))
+        """Serve `app` on loopback, on `sock` (`loopback_socket`) or a socket of its
+        own; a gateway's `settings` set its limits on clients."""
+        sock = sock or loopback_socket()
         port = int(sock.getsockname()[1])
         listener = Listener(app, "127.0.0.1", port, sock=sock)
         if settings is not None:

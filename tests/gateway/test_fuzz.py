@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
 from gateway.app import create_app
-from tests.support import ServerThread, free_port, gateway_settings, worker_config
+from tests.support import ServerThread, gateway_settings, loopback_socket, worker_config
 from workers.server import Worker
 
 TOKEN = "test-admin-token"
@@ -24,9 +24,9 @@ UPSTREAM_FAULTS = {502, 503, 504}
 @pytest.fixture(scope="module")
 def api() -> Iterator[str]:
     servers = ServerThread()
-    port = free_port()
-    worker = Worker(worker_config(port=port, speedup=100.0))
-    worker_url, _ = servers.serve(worker.app, port)
+    sock = loopback_socket()
+    worker = Worker(worker_config(port=sock.getsockname()[1], speedup=100.0))
+    worker_url, _ = servers.serve(worker.app, sock)
     url, _ = servers.serve(create_app(gateway_settings([{"url": worker_url, "id": "w"}])))
     yield url
     servers.close()

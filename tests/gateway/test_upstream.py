@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from gateway.upstream import Target, UpstreamError, UpstreamPool
-from tests.support import closed_port, free_port
+from tests.support import closed_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -27,9 +27,9 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Target]]]:
     servers: list[asyncio.Server] = []
 
     async def start(handler: Handler) -> Target:
-        port = free_port()
-        servers.append(await asyncio.start_server(handler, "127.0.0.1", port))
-        return Target.parse(f"http://127.0.0.1:{port}")
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return Target.parse(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
 
     yield start
     for s in servers:
