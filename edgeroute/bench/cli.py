@@ -91,6 +91,11 @@ def positive_rate(text: str) -> float:
     return _positive(text, "requests per second", "RATE", float)
 
 
+def positive_factor(text: str) -> float:
+    """`--speedup X` (of `bench qos --live`): a factor, X > 0."""
+    return _positive(text, "a factor", "X", float)
+
+
 def positive_int(text: str) -> int:
     """`--seeds N` or `--engines N` (of `bench qos`): a count, N > 0."""
     return _positive(text, "a whole number", "N", int)
@@ -265,6 +270,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="store_true",
         help="simulation: every point on held-out hardware (environment seed k on the k-th "
         "held-out draw) rather than all on hardware seed 0; results of their own",
+    )
+    q.add_argument(
+        "--speedup",
+        type=positive_factor,
+        help="with --live: run the emulated engines' clock this many times faster than "
+        "wall time (default 10; slower is more faithful and takes longer); results of "
+        "their own",
     )
     q.add_argument(
         "--engines",
@@ -470,6 +482,7 @@ def _qos(a: argparse.Namespace) -> None:
     if ignored:
         raise SystemExit(f"edgeroute bench qos: {ignored}")
     if a.live:
+        from edgeroute.bench.qos_live import SPEEDUP
         from edgeroute.bench.qos_live import main as live
 
         live(
@@ -486,6 +499,7 @@ def _qos(a: argparse.Namespace) -> None:
             max_batch=a.max_batch,
             unshed=frozenset(a.no_shed),
             engines=a.engines,
+            speedup=SPEEDUP if a.speedup is None else a.speedup,
         )
         return
     main(
@@ -513,6 +527,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
             ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
             ("--max-batch", a.max_batch, "simulated experts take --running-cap"),
             ("--engines", a.engines, "the simulation sweeps N"),
+            ("--speedup", a.speedup, "the simulation has no wall clock"),
         )
         for flag, value, why in live_only:
             if value is not None:

@@ -48,6 +48,12 @@ _DEFAULTS = Settings.model_fields
 # The gateway's default scrape of the engines' metrics, in emulated ms: time-scaled
 # like every other interval of the run.
 SCRAPE_MS = float(_DEFAULTS["scrape_interval"].default) * 1000
+# How much faster than wall time the engines' clock runs. The emulated engines, the
+# client and their HTTP share one core, and the faster the clock the more their own
+# work shows in the engines' latencies: at N = 12 and lambda = 10, round-robin's
+# seconds per token came out 9% above the simulator's at x10, 3% at x5 and 0.4% at x2
+# (docs/research.md, "The harness's own slowness").
+SPEEDUP = 10.0
 PROMPTS = {"routerbench": "MBPP prompts", "routerdc": "RouterDC's free-form prompts"}
 
 
@@ -221,10 +227,12 @@ def named(
     first_seed: int = 1,
     latency_ms: float = DEFAULT_LATENCY_MS,
     engines: int = len(EXPERTS),
+    speedup: float = SPEEDUP,
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default, engines with another batch limit, another number of engines, another
-    arrival rate or another latency target are another world, agents given by hand
+    arrival rate, another latency target or another time scale (the emulation's
+    fidelity) are another world, agents given by hand
     are other agents, and other seeds other samples, so each gets results of its own
     rather than overwriting the committed ones."""
     from edgeroute.bench.qos import agents_named, scrape_named, variant_named
@@ -244,6 +252,9 @@ def named(
     if latency_ms != DEFAULT_LATENCY_MS:
         base += f"_L-{latency_ms:g}ms"
         flags += f" --latency-ms {latency_ms:g}"
+    if speedup != SPEEDUP:
+        base += f"_x{speedup:g}"
+        flags += f" --speedup {speedup:g}"
     base, seed_flags = variant_named(base, first_seed)
     name, model_flags = agents_named(base, models, unshed)
     return name, flags + seed_flags + model_flags
@@ -295,7 +306,7 @@ def main(
     models: dict[str, list[Path]],
     requests: int = 1000,
     rate: float = DEFAULT_RATE,
-    speedup: float = 10.0,
+    speedup: float = SPEEDUP,
     latency_ms: float = DEFAULT_LATENCY_MS,
     n_seeds: int = 3,
     quality: Quality = "routerbench",
@@ -317,7 +328,7 @@ def main(
     engines = len(EXPERTS) if engines is None else engines
     check_unshed(models, unshed)
     result_name, flags = named(
-        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms, engines
+        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms, engines, speedup
     )
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]

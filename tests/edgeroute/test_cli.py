@@ -195,7 +195,7 @@ def test_no_drop_trains_without_the_drop_action() -> None:
     ("flag", "bad"),
     [
         (flag, bad)
-        for flag in ("--rate", "--latency-ms", "--seeds", "--engines")
+        for flag in ("--rate", "--latency-ms", "--seeds", "--engines", "--speedup")
         for bad in ("0", "-2", "soon")
     ],
 )
@@ -215,7 +215,7 @@ def test_a_live_rate_is_only_for_live_runs() -> None:
         args.func(args)
 
 
-def test_a_live_latency_target_and_engine_count_reach_the_live_run(
+def test_a_live_latency_target_engine_count_and_speedup_reach_the_live_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import edgeroute.bench.qos_live
@@ -225,12 +225,15 @@ def test_a_live_latency_target_and_engine_count_reach_the_live_run(
     monkeypatch.setattr(
         edgeroute.bench.qos_live,
         "main",
-        lambda *a, **k: seen.append((k["latency_ms"], k["engines"])),
+        lambda *a, **k: seen.append((k["latency_ms"], k["engines"], k["speedup"])),
     )
-    for argv in (["--live"], ["--live", "--latency-ms", "40", "--engines", "12"]):
+    for argv in (
+        ["--live"],
+        ["--live", "--latency-ms", "40", "--engines", "12", "--speedup", "5"],
+    ):
         args = parser.parse_args(["bench", "qos", *argv])
         args.func(args)
-    assert seen == [(30.0, None), (40.0, 12)]  # None: the live run's own six
+    assert seen == [(30.0, None, 10.0), (40.0, 12, 5.0)]  # None: the live run's own six
 
 
 def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
@@ -268,6 +271,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
         (["--max-batch", "5"], "--max-batch is for --live runs"),
         (["--latency-ms", "40"], "--latency-ms is for --live runs"),
         (["--engines", "12"], "--engines is for --live runs"),
+        (["--speedup", "5"], "--speedup is for --live runs"),
         (["--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
         (["--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
         (["--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),

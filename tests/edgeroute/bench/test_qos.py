@@ -223,6 +223,9 @@ def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     name, flags = named("routerdc", SCRAPE_MS, {}, first_seed=901, engines=12)
     assert (name, flags) == ("qos_live_routerdc_engines-12_seed-901", " --engines 12 --seed 901")
     assert named("routerdc", SCRAPE_MS, {}, engines=6) == ("qos_live_routerdc", "")
+    name, flags = named("routerdc", SCRAPE_MS, {}, engines=12, speedup=5.0)
+    assert (name, flags) == ("qos_live_routerdc_engines-12_x5", " --engines 12 --speedup 5")
+    assert named("routerdc", SCRAPE_MS, {}, speedup=10.0) == ("qos_live_routerdc", "")
 
 
 def test_a_live_run_with_more_engines_says_they_cycle_the_models() -> None:
