@@ -287,3 +287,27 @@ def test_a_live_summary_pairs_each_policy_by_seed_with_least_load_and_the_agents
     assert summary["full"]["paired_minus_agents"] == "dsa: 0.175 ± 1.6 (above on 2 of 2)"
     assert "paired_minus_agents" not in summary["dsa"]
     assert summary["full"]["per_seed_qos"] == [0.4, 0.25]
+
+
+def test_an_episode_pauses_the_collector_and_collects_its_cycles_after() -> None:
+    import gc
+    import weakref
+
+    from edgeroute.bench.qos_live import collector_paused
+
+    class Node:
+        peer: object
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        node = Node()
+        node.peer = node  # a cycle: only the collector frees it
+        alive = weakref.ref(node)
+        del node
+        assert alive() is not None
+    assert alive() is None and gc.isenabled()
+    # an episode that fails still gives the collector back
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("the episode failed")
+    assert gc.isenabled()
