@@ -4,7 +4,7 @@ Gauges and counters are read from the engine at scrape time; latency histograms
 are observed as tokens are emitted. Times are emulated seconds.
 
 The text is written here rather than by `prometheus_client`'s registry: its
-exposition took about 1.4 ms per scrape, and many workers share one event loop in a
+exposition took 1.4-2.9 ms per scrape, and many workers share one event loop in a
 time-scaled benchmark (`edgeroute bench qos --live` runs twelve), where every scrape
 round stalled all the engines at once. The series, labels and text format are
 `prometheus_client`'s (tests/workers/test_metrics.py holds them to it).

@@ -53,9 +53,10 @@ _DEFAULTS = Settings.model_fields
 SCRAPE_MS = float(_DEFAULTS["scrape_interval"].default) * 1000
 # How much faster than wall time the engines' clock runs. The emulated engines, the
 # client and their HTTP share one core, and the faster the clock the more their own
-# work shows in the engines' latencies: at N = 12 and lambda = 10, round-robin's
-# seconds per token came out 9% above the simulator's at x10, 3% at x5 and 0.4% at x2
-# (docs/research.md, "The harness's own slowness").
+# work can show in the engines' latencies: at N = 12 and lambda = 10, round-robin's
+# seconds per token on one seed came out 9% above the simulator's at x10, 3% at x5 and
+# 0.4% at x2, but over 20 seeds x5 was no faster than x10 (docs/research.md, "The
+# harness's own slowness").
 SPEEDUP = 10.0
 PROMPTS = {"routerbench": "MBPP prompts", "routerdc": "RouterDC's free-form prompts"}
 
