@@ -25,13 +25,17 @@ def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.predictor import DEFAULT_MODEL_DIR
     from policies.qos_drl import load
 
-    check_params(params, ("model", "latency_ms", "shed"))
+    check_params(params, ("model", "latency_ms", "shed", "sample"))
     model = params.get("model")
-    shed = params.get("shed", True)
-    if not isinstance(shed, bool):
-        raise PluginError(f"qos_drl's shed must be true or false, not {shed!r}")
+    shed, sample = params.get("shed", True), params.get("sample", False)
+    for name, flag in (("shed", shed), ("sample", sample)):
+        if not isinstance(flag, bool):
+            raise PluginError(f"qos_drl's {name} must be true or false, not {flag!r}")
     return load(
-        Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)), shed
+        Path(model) if model else DEFAULT_MODEL_DIR,
+        float(params.get("latency_ms", 30.0)),
+        shed,
+        sample,
     )
 
 

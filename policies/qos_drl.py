@@ -10,6 +10,12 @@ Action 0, drop, becomes load shedding: a 503 with Retry-After; with `shed=False`
 (engines that queue rather than refuse, and clients that would rather have a late
 answer than none) the policy takes the most likely backend instead.
 
+With `sample=True` the action is drawn from the actor's distribution, as the
+soft actor-critic acted while it learned, rather than the most likely one; the draw
+is the request's `entropy`'s, so the policy stays a function of its inputs. An actor
+served by its argmax can herd every request onto the engine it currently ranks
+first, a way of acting it never trained in (docs/research.md, "Served by its argmax").
+
 It needs onnxruntime, onnx (to join the graphs) and the committed model files, not
 PyTorch.
 """
@@ -39,6 +45,7 @@ from policies.predictor import (
 )
 from policies.qos_graph import joined
 from policies.qos_state import FeatureCache, expert_columns, snapshot
+from policies.scorers import mix64
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
 
@@ -52,10 +59,12 @@ class QoSDRL:
         latency_ms: float = 30.0,
         predictor: ScorePredictor | None = None,
         shed: bool = True,
+        sample: bool = False,
     ) -> None:
         """The actor in `model_dir`, with the predictor beside or above it
         (`predictor_dir`) unless one already loaded is given (one session per graph).
-        `shed=False`: never drop, route to the actor's most likely backend."""
+        `shed=False`: never drop, route to a backend. `sample`: draw the action from the
+        actor's distribution rather than take the most likely one."""
         import onnxruntime as ort
 
         self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
@@ -75,7 +84,7 @@ class QoSDRL:
         self._filters = Pipeline(
             "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
         )
-        self.shed = shed
+        self.shed, self.sample = shed, sample
         self._target(latency_ms)
         self._last: tuple[RequestInfo, ClusterView] | None = None
 
@@ -88,14 +97,14 @@ class QoSDRL:
             token_target=self.latency,
         )
 
-    def configured(self, latency_ms: float, shed: bool = True) -> QoSDRL:
-        """This policy for another latency target and shedding, sharing its ONNX
-        sessions."""
+    def configured(self, latency_ms: float, shed: bool = True, sample: bool = False) -> QoSDRL:
+        """This policy for another latency target, shedding and way of acting,
+        sharing its ONNX sessions."""
         other = copy.copy(self)
         other._features = {}
         other._models = {}
         other._last = None
-        other.shed = shed
+        other.shed, other.sample = shed, sample
         other._target(latency_ms)
         return other
 
@@ -104,7 +113,7 @@ class QoSDRL:
         if isinstance(scored, Decision):
             return scored
         candidates, preds, logits = scored
-        best = self._best(logits)
+        best = self._best(logits, req.entropy)
         if best == 0:
             return self._shed
         score, length = preds[best - 1].tolist()
@@ -118,13 +127,16 @@ class QoSDRL:
         if isinstance(scored, Decision):
             return (scored,)
         candidates, preds, logits = scored
-        if self._best(logits) == 0:
+        best = self._best(logits, req.entropy)
+        if best == 0:
             return (self._shed,)
-        order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable")
+        order = np.argsort(-logits[1 : len(candidates) + 1], kind="stable").tolist()
+        order.remove(best - 1)
+        order.insert(0, best - 1)
         predicted = preds.tolist()
         return tuple(
             Decision(candidates[i].id, predicted=tuple(predicted[i]), token_target=self.latency)
-            for i in order.tolist()
+            for i in order
         )
 
     def warm(self) -> bool:
@@ -135,9 +147,17 @@ class QoSDRL:
         self._scored(*self._last)
         return True
 
-    def _best(self, logits: np.ndarray) -> int:
-        """The action taken: the most likely one, or the most likely backend."""
-        return int(np.argmax(logits)) if self.shed else 1 + int(np.argmax(logits[1:]))
+    def _best(self, logits: np.ndarray, entropy: int = 0) -> int:
+        """The action taken (0: drop): the most likely one, or with `sample` one drawn
+        by `entropy` from the softmax of the logits; among the backends only when the
+        policy does not shed."""
+        first = 0 if self.shed else 1
+        logits = logits[first:]
+        if not self.sample:
+            return first + int(np.argmax(logits))
+        weights = np.cumsum(np.exp(logits - logits.max()))
+        u = mix64(entropy) / 2.0**64 * weights[-1]
+        return first + min(int(np.searchsorted(weights, u, side="right")), len(logits) - 1)
 
     def _scored(
         self, req: RequestInfo, view: ClusterView
@@ -179,7 +199,10 @@ class QoSDRL:
 
 
 def load(
-    model_dir: Path = DEFAULT_MODEL_DIR, latency_ms: float = 30.0, shed: bool = True
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    latency_ms: float = 30.0,
+    shed: bool = True,
+    sample: bool = False,
 ) -> QoSDRL:
     """The policy in `model_dir`, sharing the ONNX sessions of any earlier load of the
     same files in this process: routes that differ only in their target, and
@@ -188,7 +211,7 @@ def load(
     folder = model_dir.resolve()
     predictor = load_predictor(predictor_dir(folder))
     shared = _loaded(folder, file_stamps(folder, ("actor.onnx",)), predictor)
-    return shared.configured(latency_ms, shed)
+    return shared.configured(latency_ms, shed, sample)
 
 
 @functools.lru_cache(maxsize=LOADED_CAP)

@@ -224,6 +224,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="serve the agent NAME (given with --model) with shed: false: it routes to "
         "its most likely backend where it would drop; repeatable",
     )
+    q.add_argument(
+        "--sample",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="serve the agent NAME (given with --model) with sample: true: it acts by a "
+        "draw from its actor's distribution rather than its most likely action; repeatable",
+    )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
     q.add_argument(
         "--quality",
@@ -474,7 +482,7 @@ def _netkv(a: argparse.Namespace) -> None:
 def _qos(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from edgeroute.bench.qos import main
+    from edgeroute.bench.qos import main, serving_from
 
     models = dict(m.split("=", 1) for m in a.model)
     runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
@@ -497,7 +505,7 @@ def _qos(a: argparse.Namespace) -> None:
             quality=a.quality,
             scrape_ms=a.scrape_ms,
             max_batch=a.max_batch,
-            unshed=frozenset(a.no_shed),
+            serving=serving_from(a.no_shed, a.sample),
             engines=a.engines,
             speedup=SPEEDUP if a.speedup is None else a.speedup,
         )
@@ -511,7 +519,7 @@ def _qos(a: argparse.Namespace) -> None:
         a.quality,
         a.scrape_ms,
         fleet_from(a),
-        frozenset(a.no_shed),
+        serving_from(a.no_shed, a.sample),
         a.held_out_hardware,
         a.seeds,
     )

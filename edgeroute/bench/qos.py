@@ -30,6 +30,7 @@ from edgeroute.qos.config import (
     QUALITY_PROMPTS,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
+    Serving,
     best_predicted,
     quality_dir,
     quality_flag,
@@ -68,26 +69,42 @@ def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
     return {v: dirs for v, dirs in found.items() if dirs}
 
 
+# qos_drl's serving parameters as flags that name an agent: the flag and the value it sets.
+SERVING_FLAGS = {"shed": ("--no-shed", False), "sample": ("--sample", True)}
+
+
+def serving_from(no_shed: list[str], sample: list[str]) -> Serving:
+    """The agents' serving parameters from `--no-shed` and `--sample`."""
+    serving: Serving = {}
+    for names, param in ((no_shed, "shed"), (sample, "sample")):
+        for name in names:
+            serving.setdefault(name, {})[param] = SERVING_FLAGS[param][1]
+    return serving
+
+
 def agents_named(
-    base: str, models: dict[str, list[Path]], unshed: frozenset[str] = frozenset()
+    base: str, models: dict[str, list[Path]], serving: Serving | None = None
 ) -> tuple[str, str]:
-    """The results' name and the command's `--model` (and `--no-shed`) flags for agents
-    given by hand: they get a file of their own (`<base>_<agent>...`), so that
-    benchmarking other runs never overwrites the results of the committed ones. No
-    agents given: `base`."""
+    """The results' name and the command's `--model` (and `--no-shed`, `--sample`)
+    flags for agents given by hand: they get a file of their own
+    (`<base>_<agent>...`), so that benchmarking other runs never overwrites the
+    results of the committed ones. No agents given: `base`."""
     if not models:
         return base, ""
+    serving = serving or {}
     safe = [re.sub(r"[^A-Za-z0-9_-]+", "-", k) for k in models]
     flags = "".join(f" --model {k}={','.join(map(str, v))}" for k, v in models.items())
-    flags += "".join(f" --no-shed {k}" for k in models if k in unshed)
+    for param, (flag, _) in SERVING_FLAGS.items():
+        flags += "".join(f" {flag} {k}" for k in models if param in serving.get(k, {}))
     return "_".join([base, *safe]), flags
 
 
-def check_unshed(models: dict[str, list[Path]], unshed: frozenset[str]) -> None:
-    """`--no-shed` names agents given with `--model`."""
-    unknown = sorted(unshed - set(models))
-    if unknown:
-        raise SystemExit(f"--no-shed {', '.join(unknown)}: no such agent given with --model")
+def check_serving(models: dict[str, list[Path]], serving: Serving) -> None:
+    """`--no-shed` and `--sample` name agents given with `--model`."""
+    for param, (flag, _) in SERVING_FLAGS.items():
+        unknown = sorted(k for k, v in serving.items() if param in v and k not in models)
+        if unknown:
+            raise SystemExit(f"{flag} {', '.join(unknown)}: no such agent given with --model")
 
 
 def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
@@ -127,7 +144,7 @@ def main(
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
     fleet: Fleet = Fleet(),
-    unshed: frozenset[str] = frozenset(),
+    serving: Serving | None = None,
     held_out: bool = False,
     n_seeds: int | None = None,
 ) -> None:
@@ -139,13 +156,14 @@ def main(
     the policies see the experts as the gateway does, from scrapes of the engines'
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
-    agents trained on, `edgeroute train qos`'s same options). `unshed`: agents served
-    with `shed=False` (never drop). `held_out`: every point's environment seed k runs
+    agents trained on, `edgeroute train qos`'s same options). `serving`: agents served
+    with other parameters (`shed=False`: never drop; `sample=True`: act by a draw). `held_out`: every point's environment seed k runs
     on the k-th held-out hardware draw rather than all on hardware seed 0. `n_seeds`:
     environment seeds per point (None: 10, or 1 for a quick run)."""
     from workers.quality import default_data_dir
 
-    check_unshed(models, unshed)
+    serving = serving or {}
+    check_serving(models, serving)
     data = default_data_dir()
     tasks = load_tasks(data, split="eval", quality=quality)
     usual = 1 if quick else 10
@@ -155,7 +173,7 @@ def main(
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     base, variant_flags = variant_named(base, seed, held_out, None if n_seeds == usual else n_seeds)
-    result_name, model_flags = agents_named(base, models, unshed)
+    result_name, model_flags = agents_named(base, models, serving)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
         "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
@@ -168,15 +186,15 @@ def main(
     # An agent normalises its features by the latency target it serves, so each
     # setting's L gets its own policy for every run (as a gateway configured for it),
     # all of them sharing the run's actor session and the world's predictor session.
-    def agent(run: Path, latency_ms: float, shed: bool = True) -> QoSDRL:
+    def agent(run: Path, latency_ms: float, params: dict[str, bool]) -> QoSDRL:
         own, want = predictor_dir(run), quality_dir(quality).resolve()
         if own != want:  # it would be measured with a predictor it did not train with
             raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
-        return load(run, latency_ms, shed)
+        return load(run, latency_ms, **params)
 
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
         agents = {
-            n: [served(agent(d, latency_ms, n not in unshed)) for d in dirs]
+            n: [served(agent(d, latency_ms, serving.get(n, {}))) for d in dirs]
             for n, dirs in models.items()
         }
         return {**fixed, **agents}
@@ -273,7 +291,9 @@ def main(
     latency = [
         {
             **measure_qos_drl(
-                n, *((300, 1) if quick else (2000, 3)), agent(runs[0], DEFAULT_LATENCY_MS)
+                n,
+                *((300, 1) if quick else (2000, 3)),
+                agent(runs[0], DEFAULT_LATENCY_MS, serving.get(name, {})),
             ),
             "policy": name,
         }

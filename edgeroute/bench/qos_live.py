@@ -35,6 +35,7 @@ from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
+    Serving,
     best_predicted,
     quality_flag,
     quality_suffix,
@@ -246,7 +247,7 @@ def named(
     scrape_ms: float,
     models: dict[str, list[Path]],
     max_batch: int | None = None,
-    unshed: frozenset[str] = frozenset(),
+    serving: Serving | None = None,
     rate: float = DEFAULT_RATE,
     first_seed: int = 1,
     latency_ms: float = DEFAULT_LATENCY_MS,
@@ -280,7 +281,7 @@ def named(
         base += f"_x{speedup:g}"
         flags += f" --speedup {speedup:g}"
     base, seed_flags = variant_named(base, first_seed)
-    name, model_flags = agents_named(base, models, unshed)
+    name, model_flags = agents_named(base, models, serving)
     return name, flags + seed_flags + model_flags
 
 
@@ -336,23 +337,24 @@ def main(
     quality: Quality = "routerbench",
     scrape_ms: float | None = None,
     max_batch: int | None = None,
-    unshed: frozenset[str] = frozenset(),
+    serving: Serving | None = None,
     engines: int | None = None,
 ) -> None:
     """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
     world's predictor) and each agent, on the same
     prompts and instants per seed; seed k is served by an agent's training run k
     (modulo its number of runs). `max_batch`, `engines` (None: six): see `run_policy`.
-    `unshed`: agents served with `shed: false` (never drop)."""
-    from edgeroute.bench.qos import check_unshed, trained_runs
+    `serving`: agents served with other parameters (`shed: false`, `sample: true`)."""
+    from edgeroute.bench.qos import check_serving, trained_runs
     from workers.quality import default_data_dir
 
     data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     engines = len(EXPERTS) if engines is None else engines
-    check_unshed(models, unshed)
+    serving = serving or {}
+    check_serving(models, serving)
     result_name, flags = named(
-        quality, scrape_ms, models, max_batch, unshed, rate, seed, latency_ms, engines, speedup
+        quality, scrape_ms, models, max_batch, serving, rate, seed, latency_ms, engines, speedup
     )
     models = models or trained_runs(quality)
     seeds = [seed + i for i in range(1 if quick else n_seeds)]
@@ -370,8 +372,8 @@ def main(
         }
         for name, runs in models.items():
             spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
-            if name in unshed:
-                spec["params"] = {"shed": False}
+            if name in serving:
+                spec["params"] = dict(serving[name])
             specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
         for name, spec in specs.items():
             r = asyncio.run(

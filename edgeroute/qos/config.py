@@ -41,6 +41,11 @@ def best_predicted(quality: str) -> dict[str, Any]:
     }
 
 
+# How a benchmark serves an agent beyond qos_drl's defaults, by the agent's name: its
+# parameters `shed` and `sample` (`edgeroute bench qos`'s --no-shed and --sample).
+Serving = dict[str, dict[str, bool]]
+
+
 def quality_suffix(quality: str) -> str:
     """What a results file's name takes for `quality`: nothing for the default."""
     return "" if quality == QUALITIES[0] else f"_{quality}"

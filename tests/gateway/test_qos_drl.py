@@ -34,11 +34,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     base = tmp_path_factory.mktemp("qos")
     train_predictor(DATA_DIR, "bow", epochs=1, out=base / "predictor")
     dirs = {}
-    for name, bias in (("route", -100.0), ("shed", 100.0)):
+    for name, bias in (("route", -100.0), ("shed", 100.0), ("even", -100.0)):
         torch.manual_seed(0)
         net = QoSNet()
         with torch.no_grad():
             net.head.drop[-1].bias.fill_(bias)
+            if name == "even":  # every backend's logit the same, whatever it sees
+                net.head.expert[-1].weight.zero_()
         d = base / name
         export_actor(net, d / "actor.onnx")
         for f in ("predictor.onnx", "predictor.json"):
@@ -99,6 +101,28 @@ def test_by_default_the_gateway_does_not_repeat_decisions(
         assert r.status_code == 200
     time.sleep(0.2)  # idle, where a 1 ms keep-warm would have run many times
     assert warmups(url) == 0
+
+
+def test_a_sampling_policy_spreads_what_it_draws_over_the_backends(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    """`sample: true`: each request's action is drawn from the actor's distribution,
+    by the gateway's own per-request entropy, and every drawn request is answered. The
+    actor weighs the three backends alike, so its most likely action is always the
+    first; drawn, all three are taken (that all 24 land on one: p = 3^-23)."""
+    url, _ = start(start_worker, start_gateway, models["even"], sample=True)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    for _ in range(24):
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert answer.choices[0].message.content
+    metrics = httpx.get(url + "/metrics").text
+    counts = [
+        sample(metrics, "edgeroute_policy_decisions_total", policy="qos_drl", backend=b)
+        for b in ("mistral-7b-chat", "llama-2-70b-chat", "Yi-34B-Chat")
+    ]
+    assert sum(counts) == 24 and sum(c > 0 for c in counts) >= 2
 
 
 def test_the_learned_policy_routes_and_sees_the_inflight_requests(
@@ -218,6 +242,12 @@ def test_without_shedding_the_policy_serves_what_its_actor_would_drop(
         json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"shed": "no"}},
     )
     assert r.status_code == 400 and "shed must be true or false" in r.json()["error"]["message"]
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"sample": 1}},
+    )
+    assert r.status_code == 400 and "sample must be true or false" in r.json()["error"]["message"]
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(

@@ -148,6 +148,48 @@ def test_without_shedding_the_policy_takes_the_most_likely_backend() -> None:
     assert chosen == serving.ranked(req, view)[0].backend_id == f"e{int(logits[1:].argmax())}"
 
 
+def test_sampling_draws_each_action_as_often_as_the_actor_weighs_it() -> None:
+    import numpy as np
+
+    from policies.types import Decision, RequestInfo
+
+    greedy = QoSDRL()
+    view = four_experts(greedy)
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+    scored = greedy._scored(req, view)
+    assert not isinstance(scored, Decision)
+    logits = scored[2]
+    assert len(logits) == 1 + len(view.backends)
+    logits[:] = np.log([0.1, 0.4, 0.3, 0.15, 0.05])  # drop, e0 .. e3
+    sampling = greedy.configured(30.0, sample=True)
+    draws = [sampling._best(logits, entropy) for entropy in range(20_000)]
+    shares = np.bincount(draws, minlength=5) / len(draws)
+    assert np.abs(shares - [0.1, 0.4, 0.3, 0.15, 0.05]).max() < 0.01
+    assert all(greedy._best(logits, entropy) == 1 for entropy in range(100))
+    # without shedding, the draw is among the backends only, in their own proportions
+    unshed = greedy.configured(30.0, shed=False, sample=True)
+    draws = [unshed._best(logits, entropy) for entropy in range(20_000)]
+    shares = np.bincount(draws, minlength=5) / len(draws)
+    assert shares[0] == 0
+    assert np.abs(shares[1:] - np.array([0.4, 0.3, 0.15, 0.05]) / 0.9).max() < 0.01
+
+
+def test_a_sampling_policy_decides_by_the_request_alone_and_ranks_its_draw_first() -> None:
+    from policies.types import RequestInfo
+
+    policy = QoSDRL().configured(30.0, shed=False, sample=True)
+    view = four_experts(policy)
+    chosen = set()
+    for entropy in range(200):
+        req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0, entropy=entropy)
+        decision = policy.decide(req, view)
+        assert decision == policy.decide(req, view)  # the same request, the same draw
+        ranked = [d.backend_id for d in policy.ranked(req, view)]
+        assert ranked[0] == decision.backend_id and sorted(ranked) == ["e0", "e1", "e2", "e3"]
+        chosen.add(decision.backend_id)
+    assert len(chosen) > 1  # it does draw
+
+
 def test_with_no_candidate_the_policy_names_the_filter_that_left_none() -> None:
     from policies.types import BackendView, ClusterView, RequestInfo
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from edgeroute.bench.qos import agents_named, main, scrape_named, variant_named
+from edgeroute.bench.qos import agents_named, main, scrape_named, serving_from, variant_named
 from policies.predictor import DEFAULT_MODEL_DIR
 from tests.support import DATA_DIR, needs_data
 
@@ -23,16 +23,20 @@ def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
     )
     assert name == "qos_live_wide_my-run-"
     assert flags == " --model wide=a/full-s0,a/full-s1 --model my run!=b"
-    _, flags = agents_named("qos", {"a": [Path("a")], "b": [Path("b")]}, frozenset({"b"}))
-    assert flags == " --model a=a --model b=b --no-shed b"
+    serving = serving_from(no_shed=["b"], sample=["a", "b"])
+    assert serving == {"b": {"shed": False, "sample": True}, "a": {"sample": True}}
+    _, flags = agents_named("qos", {"a": [Path("a")], "b": [Path("b")]}, serving)
+    assert flags == " --model a=a --model b=b --no-shed b --sample a --sample b"
 
 
-def test_only_an_agent_given_by_hand_can_be_served_without_shedding() -> None:
-    from edgeroute.bench.qos import check_unshed
+def test_only_an_agent_given_by_hand_can_be_served_otherwise() -> None:
+    from edgeroute.bench.qos import check_serving
 
-    check_unshed({"a": [Path("a")]}, frozenset({"a"}))
+    check_serving({"a": [Path("a")]}, serving_from(["a"], ["a"]))
     with pytest.raises(SystemExit, match="--no-shed b: no such agent"):
-        check_unshed({"a": [Path("a")]}, frozenset({"b"}))
+        check_serving({"a": [Path("a")]}, serving_from(["b"], []))
+    with pytest.raises(SystemExit, match="--sample b, c: no such agent"):
+        check_serving({"a": [Path("a")]}, serving_from(["a"], ["c", "b"]))
 
 
 def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:
