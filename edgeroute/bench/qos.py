@@ -157,9 +157,10 @@ def main(
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
     agents trained on, `edgeroute train qos`'s same options). `serving`: agents served
-    with other parameters (`shed=False`: never drop; `sample=True`: act by a draw). `held_out`: every point's environment seed k runs
-    on the k-th held-out hardware draw rather than all on hardware seed 0. `n_seeds`:
-    environment seeds per point (None: 10, or 1 for a quick run)."""
+    with other parameters (`shed=False`: never drop; `sample=True`: act by a draw).
+    `held_out`: every point's environment seed k runs on the k-th held-out hardware
+    draw rather than all on hardware seed 0. `n_seeds`: environment seeds per point
+    (None: 10, or 1 for a quick run)."""
     from workers.quality import default_data_dir
 
     serving = serving or {}
