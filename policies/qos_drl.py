@@ -43,6 +43,7 @@ from policies.predictor import (
     load_predictor,
     predictor_dir,
 )
+from policies.qos_action import drawn
 from policies.qos_graph import joined
 from policies.qos_state import FeatureCache, expert_columns, snapshot
 from policies.scorers import mix64
@@ -149,15 +150,14 @@ class QoSDRL:
 
     def _best(self, logits: np.ndarray, entropy: int = 0) -> int:
         """The action taken (0: drop): the most likely one, or with `sample` one drawn
-        by `entropy` from the softmax of the logits; among the backends only when the
-        policy does not shed."""
+        by `entropy` from the softmax of the logits as in training (`qos_action`); among
+        the backends only when the policy does not shed."""
         first = 0 if self.shed else 1
         logits = logits[first:]
         if not self.sample:
             return first + int(np.argmax(logits))
-        weights = np.cumsum(np.exp(logits - logits.max()))
-        u = mix64(entropy) / 2.0**64 * weights[-1]
-        return first + min(int(np.searchsorted(weights, u, side="right")), len(logits) - 1)
+        u = np.array((mix64(entropy) / 2.0**64,))
+        return first + int(drawn(logits.astype(np.float64), u))
 
     def _scored(
         self, req: RequestInfo, view: ClusterView

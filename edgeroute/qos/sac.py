@@ -24,6 +24,7 @@ from torch import Tensor
 
 from edgeroute.qos.config import SACConfig
 from edgeroute.qos.model import NEG, QoSNet, TwinCritic
+from policies.qos_action import drawn
 from policies.qos_state import INPUTS
 
 MASK = INPUTS.index("expert_mask")
@@ -135,11 +136,7 @@ class SAC:
         logits = self.actor(*batch_of(obs)).numpy().astype(np.float64)
         if greedy:
             return np.asarray(logits.argmax(-1))
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        u = rng.random((len(p), 1))
-        chosen: np.ndarray = np.minimum((p.cumsum(-1) < u).sum(-1), p.shape[1] - 1)
-        return chosen
+        return drawn(logits, rng.random((len(logits), 1)))
 
     def update(self, replay: Replay, rng: np.random.Generator) -> dict[str, float]:
         c = self.config
