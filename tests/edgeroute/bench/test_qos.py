@@ -155,11 +155,18 @@ def test_an_agent_with_another_worlds_predictor_is_refused(tmp_path: Path) -> No
 
 
 def _children() -> set[int]:
+    """This process's child processes, over all its threads. A thread that ends while
+    they are read hands its children to another, perhaps one already read, so the
+    reading starts over until it sees every thread it listed."""
     me = os.getpid()
-    found: set[int] = set()
-    for task in Path(f"/proc/{me}/task").iterdir():
-        found.update(int(p) for p in (task / "children").read_text().split())
-    return found
+    while True:
+        found: set[int] = set()
+        try:
+            for task in Path(f"/proc/{me}/task").iterdir():
+                found.update(int(p) for p in (task / "children").read_text().split())
+        except FileNotFoundError:
+            continue
+        return found
 
 
 @needs_data("the RouterDC data")
