@@ -312,6 +312,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     qi.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
     add_fleet_options(qi)
+    qi.add_argument(
+        "--held-out-hardware",
+        action="store_true",
+        help="environment seed k on the k-th held-out hardware draw rather than all on "
+        "hardware seed 0; results of their own",
+    )
     qi.set_defaults(func=lambda a: _qos_impact(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -562,7 +568,7 @@ def _qos_impact(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     agents = {k: [Path(v)] for k, v in models.items()}
-    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a))
+    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), a.held_out_hardware)
 
 
 def _growth(a: argparse.Namespace) -> None:

@@ -7,7 +7,8 @@ impact: the QoS the chosen expert's other requests lose because the arrival join
 more arrives, true lengths and scores), and that counted in hindsight, with the requests
 routed there while it ran (`EdgeEnv.hindsight_impact`). An estimator that fires where no QoS is lost
 teaches the agent to avoid harmless decisions; one that stays silent where QoS is lost
-teaches nothing. Settings: the paper's default and its sweeps of lambda and L.
+teaches nothing. Each decision's `room` (`EdgeEnv.impact_room`) bounds what any impact
+term can buy there. Settings: the paper's default and its sweeps of lambda and L.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import agents_named, trained_runs
+from edgeroute.bench.qos import agents_named, trained_runs, variant_named
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -36,6 +37,7 @@ from edgeroute.sim.edge import (
     Quality,
     ServedPredictor,
     default_experts,
+    held_out_hardware,
     load_tasks,
 )
 from policies.predictor import load_predictor
@@ -62,6 +64,7 @@ def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]
                 "true": env.counterfactual_impact(n, env.request_for(n)),
                 "reached": env.estimated_impact(n),
                 "pushed": env.estimated_impact(n, pushed=True),
+                "room": env.impact_room(),
             }
         _, done = env.step(action)
         if row is not None and env.last_request is not None:
@@ -93,16 +96,19 @@ def main(
     models: dict[str, list[Path]],
     quality: Quality = "routerbench",
     fleet: Fleet = Fleet(),
+    held_out: bool = False,
 ) -> None:
     """`models`: agents whose trajectories are measured, first run of each; by default
     the quality world's full and dsa runs. SQF's trajectory is measured too. `fleet`:
-    how the experts are drawn (the paper's by default)."""
+    how the experts are drawn (the paper's by default); `held_out`: environment seed k
+    on the k-th held-out hardware draw, else every seed on hardware seed 0."""
     from workers.quality import default_data_dir
 
     tasks = load_tasks(default_data_dir(), split="eval", quality=quality)
     predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     runs = models or {k: v for k, v in trained_runs(quality).items() if k in ("full", "dsa")}
     seeds = [seed + 100 + i for i in range(1 if quick else 5)]
+    hardware = [held_out_hardware(k) if held_out else 0 for k in range(len(seeds))]
     episode = 256 if quick else 512
     settings = [("default", DEFAULT_RATE, DEFAULT_LATENCY_MS)]
     if not quick:
@@ -113,17 +119,19 @@ def main(
         policies: dict[str, Policy] = {"SQF": BASELINES["SQF"]}
         policies.update({k: served(load(v[0], latency_ms)) for k, v in runs.items()})
         for name, policy in policies.items():
-            env = EdgeEnv(
-                default_experts(6, seed=0, models=QUALITY_MODELS[quality], fleet=fleet),
-                tasks,
-                rate=rate,
-                latency_req=latency_ms / 1000,
-                episode_len=episode,
-                predictor=predictor,
-                reward="qos",  # the penalties are read in `trajectory`, not from `step`
-                impact="hindsight",
-            )
-            decisions = [d for s in seeds for d in trajectory(env, policy, s)]
+            decisions = []
+            for s, hw in zip(seeds, hardware, strict=True):
+                env = EdgeEnv(
+                    default_experts(6, seed=hw, models=QUALITY_MODELS[quality], fleet=fleet),
+                    tasks,
+                    rate=rate,
+                    latency_req=latency_ms / 1000,
+                    episode_len=episode,
+                    predictor=predictor,
+                    reward="qos",  # the penalties are read in `trajectory`, not from `step`
+                    impact="hindsight",
+                )
+                decisions += trajectory(env, policy, s)
             harm = [d["true"] for d in decisions]
             later = [d["hindsight"] for d in decisions]
             for kind in ESTIMATORS:
@@ -137,6 +145,8 @@ def main(
                         "mean_true": statistics.fmean(harm),
                         "costly_hindsight": sum(h > 0 for h in later) / len(later),
                         "mean_hindsight": statistics.fmean(later),
+                        "room": statistics.fmean(d["room"] for d in decisions),
+                        "room_share": sum(d["room"] > 0 for d in decisions) / len(decisions),
                         **summary(decisions, kind),
                     }
                 )
@@ -151,7 +161,9 @@ def main(
                 ),
                 flush=True,
             )
-    base = "qos_impact" + quality_suffix(quality) + fleet.suffix()
+    base, held_out_flag = variant_named(
+        "qos_impact" + quality_suffix(quality) + fleet.suffix(), held_out=held_out
+    )
     name, model_flags = agents_named(base, models)
     write(
         name,
@@ -160,9 +172,11 @@ def main(
             + (" --quick" if quick else "")
             + quality_flag(quality)
             + fleet.flags()
+            + held_out_flag
             + model_flags,
             "models": {k: str(v[0]) for k, v in runs.items()},
             "seeds": seeds,
+            "hardware": hardware,
             "episode": episode,
         },
         rows,
@@ -179,10 +193,18 @@ def main(
             "mean_estimate",
             "costly_hindsight",
             "mean_hindsight",
+            "room",
+            "room_share",
         ],
         json_path,
         notes=(
-            "Per routed decision along each policy's own trajectory (N=6, hardware seed 0; "
+            "Per routed decision along each policy's own trajectory (N=6, hardware "
+            + (
+                f"seeds {hardware[0]}-{hardware[-1]}, one per environment seed"
+                if held_out
+                else "seed 0"
+            )
+            + "; "
             f"{fleet.describe()}; "
             f"evaluation prompts, environment seeds {seeds[0]}-{seeds[-1]}, {episode} "
             "decisions each). `costly`: share of decisions whose arrival truly costs the "
@@ -192,7 +214,12 @@ def main(
             "costly ones, the share it penalises. `mean_true`, `mean_estimate`: QoS per "
             "decision. `costly_hindsight`, `mean_hindsight`: the same counted in hindsight, "
             "with the requests routed to that expert while the arrival's request ran "
-            "(`EdgeEnv.hindsight_impact`). The agents are each world's run 0."
+            "(`EdgeEnv.hindsight_impact`). `room`: per decision, what a router that "
+            "knows every expert's future (nothing more arriving) gains in total QoS by "
+            "weighing the others' loss over one that maximises the arrival's own QoS "
+            "(`EdgeEnv.impact_room`): the most the action-impact term can buy, myopically; "
+            "`room_share`: the share of decisions where the two choose apart. The agents "
+            "are each world's run 0."
         ),
         quick=quick,
     )

@@ -706,9 +706,34 @@ class EdgeEnv:
         later = [r for r in self.given[n][place + 1 :] if r.arrival < req.done_at]
         return self._lost(found, n, req, later)
 
+    def impact_room(self) -> float:
+        """What weighing the others' loss can change in routing the current arrival:
+        over the experts that would take it, the best of its own QoS less what the
+        others there lose, less the best of that among the experts that give it the
+        most QoS of its own; each expert's future with and without it, nothing more
+        arriving (as `counterfactual_impact`). 0 when the two choices agree. Training
+        and benchmarks only."""
+        totals, owns = [], []
+        for n, e in enumerate(self.experts):
+            if e.refuses():
+                continue
+            req = self.request_for(n)
+            lost, done = self._joined(Queued.of(e, self.now), n, req, [])
+            own = req.score * ((done - req.arrival) / req.length <= self.L)
+            owns.append(own)
+            totals.append(own - lost)
+        if not totals:
+            return 0.0
+        best = max(owns)
+        return max(totals) - max(t for t, o in zip(totals, owns, strict=True) if o == best)
+
     def _lost(self, found: Queued, n: int, req: Req, later: list[Req]) -> float:
         """What the requests in `found` and `later` (arriving at their times) lose to
         `req` joining expert n's queue at `found.now`."""
+        return self._joined(found, n, req, later)[0]
+
+    def _joined(self, found: Queued, n: int, req: Req, later: list[Req]) -> tuple[float, float]:
+        """`_lost`, and when `req` finishes there."""
         others = [*found.requests, *later]
         first = len(found.requests)
         arrivals = [
@@ -724,7 +749,8 @@ class EdgeEnv:
         def met(done: dict[int, float], i: int) -> bool:
             return (done[i] - others[i].arrival) / others[i].length <= self.L
 
-        return sum(r.score * (met(without, i) - met(with_new, i)) for i, r in enumerate(others))
+        lost = sum(r.score * (met(without, i) - met(with_new, i)) for i, r in enumerate(others))
+        return lost, with_new[new.key]
 
     def estimated_impact(self, n: int, pushed: bool = False) -> float:
         """Eq. 13-15: predicted QoS of running requests on expert n whose estimated

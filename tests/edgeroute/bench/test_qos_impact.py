@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
-from edgeroute.bench.qos_impact import summary, trajectory
+from edgeroute.bench.qos_impact import main, summary, trajectory
 from edgeroute.qos.evaluate import BASELINES
 from edgeroute.sim.edge import EdgeEnv, EdgeExpert, NoisyOracle, Task
+from tests.support import needs_data
 
 
 def test_precision_and_recall_count_the_right_decisions() -> None:
@@ -44,6 +47,7 @@ def test_a_loaded_trajectory_has_costly_decisions_and_eq15_reading_as_pushed_cou
     rows = trajectory(env, BASELINES["SQF"], seed=5)
     assert rows and all(r["true"] >= 0 and r["pushed"] <= r["reached"] for r in rows)
     assert any(r["true"] > 0 for r in rows)  # a loaded world: some arrivals cost QoS
+    assert all(r["room"] >= 0 for r in rows)  # the best in total is at least the own-best's
     # in hindsight, the arrivals a request delayed count too: more decisions are costly
     assert sum(r["hindsight"] > 0 for r in rows) > sum(r["true"] > 0 for r in rows)
 
@@ -53,3 +57,23 @@ def test_a_trajectory_needs_an_environment_that_records_the_hindsight() -> None:
     env = EdgeEnv([expert], [Task("p", 10, {"m": 1.0}, {"m": 5})])
     with pytest.raises(ValueError, match="hindsight"):
         trajectory(env, BASELINES["SQF"], seed=0)
+
+
+@needs_data("the RouterDC data")
+def test_held_out_hardware_puts_each_seed_on_its_draw(tmp_path: Path) -> None:
+    """`--held-out-hardware`: the trajectories run on the held-out draws, not on hardware
+    seed 0, and the results say so in their name's flag and their figures differ."""
+    from edgeroute.sim.edge import Fleet, held_out_hardware
+
+    written = {}
+    for held_out in (False, True):
+        path = tmp_path / f"{held_out}.json"
+        main(True, 1, str(path), {}, "routerdc", Fleet(), held_out)
+        written[held_out] = json.loads(path.read_text())
+    config = {k: v["config"] for k, v in written.items()}
+    assert config[False]["hardware"] == [0]
+    assert config[True]["hardware"] == [held_out_hardware(0)]
+    assert "--held-out-hardware" in config[True]["command"]
+    assert "--held-out-hardware" not in config[False]["command"]
+    assert written[True]["results"] != written[False]["results"]
+    assert all(r["room"] >= 0 and 0 <= r["room_share"] <= 1 for r in written[True]["results"])

@@ -8,7 +8,16 @@ import random
 
 import pytest
 
-from edgeroute.sim.edge import EdgeExpert, Queued, Req, Task, engine_experts
+from edgeroute.sim.edge import (
+    Arrival,
+    EdgeEnv,
+    EdgeExpert,
+    NoisyOracle,
+    Queued,
+    Req,
+    Task,
+    engine_experts,
+)
 from edgeroute.sim.timeline import Job, finish_times
 from tests.edgeroute.sim.test_edge import MODEL, env_with
 from workers.engine import Engine, Sequence
@@ -97,6 +106,68 @@ def test_counterfactual_impact_is_what_the_other_requests_lose() -> None:
         assert routed.last_penalty == pytest.approx(lost)
         seen.add(round(lost, 6))
     assert len(seen) > 1 and max(seen) > 0  # some L makes the arrival cost the others QoS, some not
+
+
+def test_the_impact_room_is_what_weighing_the_others_loss_gains() -> None:
+    """Two experts, one the faster: the room, read before the last arrival is routed,
+    against the worlds where it goes to each (its own QoS less what the others there
+    lose to it, as in the world where it is dropped), run to the end."""
+    experts = [
+        EdgeExpert(MODEL, base=0.008, k1=2e-4, k2=2e-5, memory_tokens=10_000),
+        EdgeExpert(MODEL, base=0.012, k1=2e-4, k2=2e-5, memory_tokens=10_000),
+    ]
+    times = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, FAR]
+    first = [1, 2, 1, 2, 1]  # the earlier arrivals, alternating
+    rooms = set()
+    for seed in (9, 10, 11):
+        pool = tasks(random.Random(seed), 40)
+        for latency in (0.012, 0.015, 0.02, 0.03, 0.05):
+            rooms.add(_room_against_its_worlds(experts, pool, times, first, latency))
+    # some L gives the impact room to change the choice, some none
+    assert 0.0 in rooms and max(rooms) > 0
+
+
+def _room_against_its_worlds(
+    experts: list[EdgeExpert],
+    pool: list[Task],
+    times: list[float],
+    first: list[int],
+    latency: float,
+) -> float:
+    """`impact_room` before the last arrival, checked against the worlds where it is
+    dropped (action 0) and routed to each expert, every one run to the end."""
+
+    def world(last: int | None) -> EdgeEnv:
+        env = EdgeEnv(
+            experts,
+            pool,
+            arrivals=iter(Arrival(t) for t in times),
+            predictor=NoisyOracle(1.0, 1.0),
+            latency_req=latency,
+        )
+        for action in first:
+            env.step(action)
+        if last is not None:
+            env.step(last)
+        return env
+
+    dropped = world(0)
+    alone = {r.arrival: dropped.qos(r) for r in dropped.finished}
+    at = world(None)
+    room = at.impact_room()
+    totals, owns = [], []
+    for n in range(len(experts)):
+        routed = world(n + 1)
+        here = {r.arrival for r in Queued.of(at.experts[n], at.now).requests}
+        (new,) = [r for r in routed.finished if r.arrival == times[len(first)]]
+        others = [r for r in routed.finished if r.arrival in here]
+        assert len(others) == len(here)
+        owns.append(routed.qos(new))
+        totals.append(routed.qos(new) - sum(alone[r.arrival] - routed.qos(r) for r in others))
+    best = max(owns)
+    want = max(totals) - max(t for t, o in zip(totals, owns, strict=True) if o == best)
+    assert room == pytest.approx(want, abs=1e-9)
+    return round(room, 6)
 
 
 @pytest.mark.parametrize("seed", range(12))
