@@ -717,9 +717,7 @@ class EdgeEnv:
         for n, e in enumerate(self.experts):
             if e.refuses():
                 continue
-            req = self.request_for(n)
-            lost, done = self._joined(Queued.of(e, self.now), n, req, [])
-            own = req.score * ((done - req.arrival) / req.length <= self.L)
+            lost, own = self._joined(Queued.of(e, self.now), n, self.request_for(n), [])
             owns.append(own)
             totals.append(own - lost)
         if not totals:
@@ -733,7 +731,7 @@ class EdgeEnv:
         return self._joined(found, n, req, later)[0]
 
     def _joined(self, found: Queued, n: int, req: Req, later: list[Req]) -> tuple[float, float]:
-        """`_lost`, and when `req` finishes there."""
+        """`_lost`, and the QoS `req` itself gets there."""
         others = [*found.requests, *later]
         first = len(found.requests)
         arrivals = [
@@ -746,11 +744,13 @@ class EdgeEnv:
             spec, f.running, f.fresh, [*f.waiting, new], f.clock, f.now, arrivals
         )
 
-        def met(done: dict[int, float], i: int) -> bool:
-            return (done[i] - others[i].arrival) / others[i].length <= self.L
+        def met(r: Req, done: float) -> bool:
+            return (done - r.arrival) / r.length <= self.L
 
-        lost = sum(r.score * (met(without, i) - met(with_new, i)) for i, r in enumerate(others))
-        return lost, with_new[new.key]
+        lost = sum(
+            r.score * (met(r, without[i]) - met(r, with_new[i])) for i, r in enumerate(others)
+        )
+        return lost, req.score * met(req, with_new[new.key])
 
     def estimated_impact(self, n: int, pushed: bool = False) -> float:
         """Eq. 13-15: predicted QoS of running requests on expert n whose estimated
