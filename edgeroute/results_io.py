@@ -16,6 +16,13 @@ RESULTS = Path(__file__).parent / "bench" / "results"
 QUICK = Path(tempfile.gettempdir()) / "edgeroute-quick"
 
 
+def recorded(path: Path) -> str:
+    """A path as a results file records it: relative to the checkout when inside it,
+    so that results name the committed models, not where one machine keeps them."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def git(*args: str) -> str | None:
     """A git command's output, run at the checkout's root (paths are relative to it),
     or None where git cannot answer."""

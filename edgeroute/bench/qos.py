@@ -39,7 +39,7 @@ from edgeroute.qos.config import (
     trained_latencies,
 )
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
-from edgeroute.results_io import output_dir, save_figure, table, write
+from edgeroute.results_io import output_dir, recorded, save_figure, table, write
 from edgeroute.sim.edge import (
     QUALITY_MODELS,
     EdgeEnv,
@@ -356,7 +356,7 @@ def main(
             + scrape_flag
             + variant_flags
             + model_flags,
-            "models": {k: [str(d) for d in v] for k, v in models.items()},
+            "models": {k: [recorded(d) for d in v] for k, v in models.items()},
             "seeds": seeds,
         },
         rows,

@@ -28,7 +28,7 @@ from edgeroute.qos.config import (
     quality_suffix,
 )
 from edgeroute.qos.evaluate import BASELINES, Policy, served
-from edgeroute.results_io import write
+from edgeroute.results_io import recorded, write
 from edgeroute.sim.edge import (
     QUALITY_MODELS,
     EdgeEnv,
@@ -174,7 +174,7 @@ def main(
             + fleet.flags()
             + held_out_flag
             + model_flags,
-            "models": {k: str(v[0]) for k, v in runs.items()},
+            "models": {k: recorded(v[0]) for k, v in runs.items()},
             "seeds": seeds,
             "hardware": hardware,
             "episode": episode,

@@ -40,7 +40,7 @@ from edgeroute.qos.config import (
     quality_flag,
     quality_suffix,
 )
-from edgeroute.results_io import write
+from edgeroute.results_io import recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, engine_fleet, load_tasks
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
@@ -414,7 +414,7 @@ def main(
             "scrape_ms": scrape_ms,
             "max_batch": max_batch,
             "engines": engines,
-            "models": {k: [str(d) for d in v] for k, v in models.items()},
+            "models": {k: [recorded(d) for d in v] for k, v in models.items()},
         },
         summary,
         [

@@ -55,3 +55,12 @@ def test_results_name_the_processor_they_were_measured_on() -> None:
 def test_a_missing_value_is_a_dash_in_a_table() -> None:
     rows = [{"a": 0.12345, "b": None}, {"a": 12345.0}]
     assert results_io.table(rows, ["a", "b"]).splitlines()[2:] == ["| 0.123 | - |", "| 12,345 |  |"]
+
+
+def test_paths_inside_the_checkout_are_recorded_relative_to_it(tmp_path: Path) -> None:
+    model = results_io.ROOT / "models" / "qos" / "runs" / "full-s0"
+    assert results_io.recorded(model) == "models/qos/runs/full-s0"
+    # the same folder named through a detour resolves to the same record
+    assert results_io.recorded(model / ".." / "full-s0") == "models/qos/runs/full-s0"
+    # elsewhere a path stays as given: it is all a reader can be told
+    assert results_io.recorded(tmp_path / "run") == str(tmp_path / "run")
