@@ -10,6 +10,9 @@ from typing import Any
 import numpy as np
 
 OPSET = 17
+# The IR of opset 17's release (onnx 1.12). Written explicitly: onnx writes its own
+# newest IR by default, which an onnxruntime a release behind refuses to load.
+IR_VERSION = 8
 FLOAT, INT64, BOOL, DOUBLE = 1, 7, 9, 11  # onnx.TensorProto's element types
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.onnx_nodes import DOUBLE, FLOAT, INT64, OPSET, Nodes
+from policies.onnx_nodes import DOUBLE, FLOAT, INT64, IR_VERSION, OPSET, Nodes
 from policies.predictor import LENGTH_MIDPOINTS, MAX_TOKENS, SCORE_MIDPOINTS
 from policies.qos_state import F_EXPERT, F_REQ, PER_TOKEN_CAP, PREDICTION_COLUMN, QUEUE_CAP
 
@@ -118,5 +118,7 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
     ]
     constants = [*g.initializers(), *predictor.graph.initializer, *actor.graph.initializer]
     graph = helper.make_graph(g.nodes, "qos_decision", inputs, outputs, constants)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
+    )
     return bytes(model.SerializeToString())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.onnx_nodes import OPSET, Nodes
+from policies.onnx_nodes import IR_VERSION, OPSET, Nodes
 
 
 class Graph(Nodes):
@@ -46,7 +46,9 @@ class Graph(Nodes):
             [helper.make_tensor_value_info(k, t, s) for k, (_, t, s) in outputs.items()],
             self.initializers(),
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
+        )
         info = onnx.TrainingInfoProto()
         info.initialization.CopyFrom(
             helper.make_graph(

@@ -136,3 +136,20 @@ def test_an_actor_or_predictor_the_join_cannot_feed_is_refused_by_name(tmp_path:
     (world / "predictor.json").write_text((DEFAULT_MODEL_DIR / "predictor.json").read_text())
     with pytest.raises(ValueError, match=r"world/predictor\.onnx is not a predictor"):
         QoSDRL(run)
+
+
+def test_every_shipped_graph_and_the_joined_one_are_written_at_the_pinned_ir() -> None:
+    """onnx writes its own newest IR version by default, which an onnxruntime a release
+    behind refuses ("Unsupported model IR version"): the shipped files and the graph
+    the policy joins at load carry IR_VERSION, whatever onnx is installed."""
+    import onnx
+
+    from policies.onnx_nodes import IR_VERSION
+    from policies.qos_graph import joined
+
+    shipped = sorted(DEFAULT_MODEL_DIR.rglob("*.onnx"))
+    assert len(shipped) > 100
+    written = {f: onnx.load(str(f), load_external_data=False).ir_version for f in shipped}
+    assert {f: v for f, v in written.items() if v != IR_VERSION} == {}
+    graph = joined(DEFAULT_MODEL_DIR / "actor.onnx", DEFAULT_MODEL_DIR / "predictor.onnx")
+    assert onnx.load_from_string(graph).ir_version == IR_VERSION
