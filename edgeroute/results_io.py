@@ -45,6 +45,24 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The packages whose versions move the figures: the decision graphs' runtime, the
+# arrays around it, training, and the servers on the request path.
+MEASURED_PACKAGES = ("onnxruntime", "numpy", "torch", "uvicorn", "starlette", "httpx")
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of MEASURED_PACKAGES ("absent" where one is not)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in MEASURED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "absent"
+    return found
+
+
 def machine() -> dict[str, Any]:
     import os
 
@@ -53,6 +71,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu_model(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "packages": package_versions(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 

@@ -64,3 +64,18 @@ def test_paths_inside_the_checkout_are_recorded_relative_to_it(tmp_path: Path) -
     assert results_io.recorded(model / ".." / "full-s0") == "models/qos/runs/full-s0"
     # elsewhere a path stays as given: it is all a reader can be told
     assert results_io.recorded(tmp_path / "run") == str(tmp_path / "run")
+
+
+def test_the_machine_names_the_versions_of_what_moves_the_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import version
+
+    packages = results_io.machine()["packages"]
+    assert set(packages) == set(results_io.MEASURED_PACKAGES)
+    assert packages["onnxruntime"] == version("onnxruntime")
+    monkeypatch.setattr(results_io, "MEASURED_PACKAGES", ("numpy", "no-such-package-here"))
+    assert results_io.package_versions() == {
+        "numpy": version("numpy"),
+        "no-such-package-here": "absent",
+    }
