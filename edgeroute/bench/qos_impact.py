@@ -8,7 +8,9 @@ more arrives, true lengths and scores), and that counted in hindsight, with the 
 routed there while it ran (`EdgeEnv.hindsight_impact`). An estimator that fires where no QoS is lost
 teaches the agent to avoid harmless decisions; one that stays silent where QoS is lost
 teaches nothing. Each decision's `room` (`EdgeEnv.impact_room`) bounds what any impact
-term can buy there. Settings: the paper's default and its sweeps of lambda and L.
+term can buy there with nothing more arriving, and `room_hindsight`
+(`EdgeEnv.hindsight_room`) what it can buy counting the requests routed after it.
+Settings: the paper's default and its sweeps of lambda and L.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]
                 "pushed": env.estimated_impact(n, pushed=True),
                 "room": env.impact_room(),
             }
+            options = env.options()
         _, done = env.step(action)
         if row is not None and env.last_request is not None:
-            routed.append((row, env.last_request))
+            routed.append((row, env.last_request, options))
         i += 1
     env.drain()
-    for row, req in routed:
+    for row, req, options in routed:
         row["hindsight"] = env.hindsight_impact(req)
-    return [row for row, _ in routed]
+        row["room_hindsight"] = env.hindsight_room(options, req)
+    return [row for row, _, _ in routed]
 
 
 def summary(decisions: list[dict[str, float]], kind: str) -> dict[str, Any]:
@@ -147,6 +151,9 @@ def main(
                         "mean_hindsight": statistics.fmean(later),
                         "room": statistics.fmean(d["room"] for d in decisions),
                         "room_share": sum(d["room"] > 0 for d in decisions) / len(decisions),
+                        "room_hindsight": statistics.fmean(d["room_hindsight"] for d in decisions),
+                        "room_hindsight_share": sum(d["room_hindsight"] > 0 for d in decisions)
+                        / len(decisions),
                         **summary(decisions, kind),
                     }
                 )
@@ -195,6 +202,8 @@ def main(
             "mean_hindsight",
             "room",
             "room_share",
+            "room_hindsight",
+            "room_hindsight_share",
         ],
         json_path,
         notes=(
@@ -218,7 +227,10 @@ def main(
             "knows every expert's future (nothing more arriving) gains in total QoS by "
             "weighing the others' loss over one that maximises the arrival's own QoS "
             "(`EdgeEnv.impact_room`): the most the action-impact term can buy, myopically; "
-            "`room_share`: the share of decisions where the two choose apart. The agents "
+            "`room_share`: the share of decisions where the two choose apart. "
+            "`room_hindsight`, `room_hindsight_share`: the same with the requests the "
+            "trajectory routed to each expert while the arrival would have run there "
+            "(`EdgeEnv.hindsight_room`; the later routing held as it was). The agents "
             "are each world's run 0."
         ),
         quick=quick,

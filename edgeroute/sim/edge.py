@@ -494,6 +494,29 @@ class Queued:
         return cls(reqs, jobs[:a], jobs[a:b], jobs[b:], e.clock, now)
 
 
+@dataclass(frozen=True)
+class Option:
+    """Where an arrival could go: expert n as it stood then, the request the arrival
+    would be there, and how many requests n had been given by then (`EdgeEnv.given`;
+    those after it came later)."""
+
+    n: int
+    found: Queued
+    req: Req
+    given: int
+
+
+def _room(outcomes: list[tuple[float, float]]) -> float:
+    """Over (others' loss, own QoS) per option: the best own QoS less loss, less the
+    best of that among the options that give the arrival the most QoS of its own."""
+    if not outcomes:
+        return 0.0
+    best = max(own for _, own in outcomes)
+    return max(own - lost for lost, own in outcomes) - max(
+        own - lost for lost, own in outcomes if own == best
+    )
+
+
 class EdgeEnv:
     """One decision per arrival: `step(action)` with 0 = drop, n = expert n."""
 
@@ -706,6 +729,15 @@ class EdgeEnv:
         later = [r for r in self.given[n][place + 1 :] if r.arrival < req.done_at]
         return self._lost(found, n, req, later)
 
+    def options(self) -> list[Option]:
+        """Where the current arrival could go: every expert that would take it, as it
+        stands now."""
+        return [
+            Option(n, Queued.of(e, self.now), self.request_for(n), len(self.given[n]))
+            for n, e in enumerate(self.experts)
+            if not e.refuses()
+        ]
+
     def impact_room(self) -> float:
         """What weighing the others' loss can change in routing the current arrival:
         over the experts that would take it, the best of its own QoS less what the
@@ -713,25 +745,41 @@ class EdgeEnv:
         most QoS of its own; each expert's future with and without it, nothing more
         arriving (as `counterfactual_impact`). 0 when the two choices agree. Training
         and benchmarks only."""
-        totals, owns = [], []
-        for n, e in enumerate(self.experts):
-            if e.refuses():
-                continue
-            lost, own = self._joined(Queued.of(e, self.now), n, self.request_for(n), [])
-            owns.append(own)
-            totals.append(own - lost)
-        if not totals:
-            return 0.0
-        best = max(owns)
-        return max(totals) - max(t for t, o in zip(totals, owns, strict=True) if o == best)
+        outcomes = [self._joined(o.found, o.n, o.req, [])[:2] for o in self.options()]
+        return _room(outcomes)
+
+    def hindsight_room(self, options: list[Option], routed: Req | None) -> float:
+        """`impact_room` counted in hindsight, as `hindsight_impact` counts the impact:
+        at each of an arrival's `options` (taken when it arrived; `routed`: the request
+        it became, if it was routed), the requests this episode went on to route to that
+        expert before the arrival would have finished there join both futures. The
+        episode's later routing is held as it was, as if it did not depend on where the
+        arrival went. Read once the episode has ended (impact "hindsight" keeps what
+        each expert was given)."""
+        if self.impact != "hindsight":
+            raise ValueError("the hindsight room needs what impact 'hindsight' records")
+        outcomes = []
+        for o in options:
+            after = [r for r in self.given[o.n][o.given :] if r is not routed]
+            later: list[Req] = []
+            while True:  # the arrival's finish there, with those that came before it
+                lost, own, done = self._joined(o.found, o.n, o.req, later)
+                wider = [r for r in after if r.arrival < done]
+                if len(wider) <= len(later):
+                    break
+                later = wider
+            outcomes.append((lost, own))
+        return _room(outcomes)
 
     def _lost(self, found: Queued, n: int, req: Req, later: list[Req]) -> float:
         """What the requests in `found` and `later` (arriving at their times) lose to
         `req` joining expert n's queue at `found.now`."""
         return self._joined(found, n, req, later)[0]
 
-    def _joined(self, found: Queued, n: int, req: Req, later: list[Req]) -> tuple[float, float]:
-        """`_lost`, and the QoS `req` itself gets there."""
+    def _joined(
+        self, found: Queued, n: int, req: Req, later: list[Req]
+    ) -> tuple[float, float, float]:
+        """`_lost`, the QoS `req` itself gets there, and when it finishes there."""
         others = [*found.requests, *later]
         first = len(found.requests)
         arrivals = [
@@ -750,7 +798,8 @@ class EdgeEnv:
         lost = sum(
             r.score * (met(r, without[i]) - met(r, with_new[i])) for i, r in enumerate(others)
         )
-        return lost, req.score * met(req, with_new[new.key])
+        done = with_new[new.key]
+        return lost, req.score * met(req, done), done
 
     def estimated_impact(self, n: int, pushed: bool = False) -> float:
         """Eq. 13-15: predicted QoS of running requests on expert n whose estimated

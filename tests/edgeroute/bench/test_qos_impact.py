@@ -48,6 +48,7 @@ def test_a_loaded_trajectory_has_costly_decisions_and_eq15_reading_as_pushed_cou
     assert rows and all(r["true"] >= 0 and r["pushed"] <= r["reached"] for r in rows)
     assert any(r["true"] > 0 for r in rows)  # a loaded world: some arrivals cost QoS
     assert all(r["room"] >= 0 for r in rows)  # the best in total is at least the own-best's
+    assert all(r["room_hindsight"] >= 0 for r in rows)
     # in hindsight, the arrivals a request delayed count too: more decisions are costly
     assert sum(r["hindsight"] > 0 for r in rows) > sum(r["true"] > 0 for r in rows)
 
@@ -77,3 +78,7 @@ def test_held_out_hardware_puts_each_seed_on_its_draw(tmp_path: Path) -> None:
     assert "--held-out-hardware" not in config[False]["command"]
     assert written[True]["results"] != written[False]["results"]
     assert all(r["room"] >= 0 and 0 <= r["room_share"] <= 1 for r in written[True]["results"])
+    assert all(
+        r["room_hindsight"] >= 0 and 0 <= r["room_hindsight_share"] <= 1
+        for r in written[True]["results"]
+    )

@@ -170,6 +170,119 @@ def _room_against_its_worlds(
     return round(room, 6)
 
 
+def test_the_hindsight_room_is_what_weighing_the_later_arrivals_loss_gains() -> None:
+    """Two experts; an arrival, then later ones routed as the trajectory routed them:
+    the hindsight room against the worlds where the arrival goes to each expert (and
+    where it is dropped), with the requests routed there while it would run, every
+    world run to the end."""
+    # batches of 5, and one request at a time, where a backlog carries the arrival's
+    # cost past its own finish (so which later arrivals count matters)
+    fleets = [
+        [
+            EdgeExpert(MODEL, base=base, k1=2e-4, k2=2e-5, memory_tokens=10_000, running_cap=cap)
+            for base in (0.008, 0.012)
+        ]
+        for cap in (5, 1)
+    ]
+    first = [1, 2, 1, 2]  # routed before the arrival
+    after = [1, 1, 2, 1, 2, 1, 1]  # routed after it, whatever it did
+    # the later ones close behind it, then spread out: some come after it would finish
+    times = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.1, 0.3, 0.6, 1.2, 2.5, FAR]
+    rooms, myopic = set(), set()
+    for experts in fleets:
+        for seed in (3, 4, 5, 6, 12):
+            pool = tasks(random.Random(seed), 40)
+            for latency in (0.012, 0.015, 0.02, 0.03):
+                room, without_later = _hindsight_room_against_its_worlds(
+                    experts, pool, times, first, after, latency
+                )
+                rooms.add(room)
+                myopic.add(without_later)
+    # some L gives the room, some none; the later arrivals change it somewhere
+    assert 0.0 in rooms and max(rooms) > 0
+    assert rooms != myopic
+
+
+def _hindsight_room_against_its_worlds(
+    experts: list[EdgeExpert],
+    pool: list[Task],
+    times: list[float],
+    first: list[int],
+    after: list[int],
+    latency: float,
+) -> tuple[float, float]:
+    """`hindsight_room` of the arrival after `first`, checked against run worlds; and
+    its `impact_room` (nothing more arriving), for comparison."""
+    k = len(first)
+
+    def world(last: int, later: list[int]) -> EdgeEnv:
+        env = EdgeEnv(
+            experts,
+            pool,
+            arrivals=iter(Arrival(t) for t in times),
+            predictor=NoisyOracle(1.0, 1.0),
+            latency_req=latency,
+            impact="hindsight",
+            reward="qos",
+        )
+        for action in [*first, last, *later]:
+            env.step(action)
+        env.drain()
+        return env
+
+    def qos(env: EdgeEnv) -> dict[float, float]:
+        return {r.arrival: env.qos(r) for r in env.finished}
+
+    # the trajectory: the arrival to expert 1, the later ones as `after` says
+    env = EdgeEnv(
+        experts,
+        pool,
+        arrivals=iter(Arrival(t) for t in times),
+        predictor=NoisyOracle(1.0, 1.0),
+        latency_req=latency,
+        impact="hindsight",
+        reward="qos",
+    )
+    for action in first:
+        env.step(action)
+    options = env.options()
+    here = {
+        n: {r.arrival for r in Queued.of(e, env.now).requests} for n, e in enumerate(env.experts)
+    }
+    myopic = env.impact_room()
+    env.step(1)
+    routed = env.last_request
+    for action in after:
+        env.step(action)
+    env.drain()
+    room = env.hindsight_room(options, routed)
+
+    arrival = times[k]
+    outcomes = []
+    for n in range(len(experts)):
+        # the later arrivals on n that come before the arrival would finish there
+        window: list[int] = []
+        while True:
+            kept = [a if i in window else 0 for i, a in enumerate(after)]
+            there = world(n + 1, kept)
+            routed_there = qos(there)
+            done = next(r.done_at for r in there.finished if r.arrival == arrival)
+            wider = [i for i, a in enumerate(after) if a == n + 1 and times[k + 1 + i] < done]
+            if len(wider) <= len(window):
+                break
+            window = wider
+        alone = qos(world(0, kept))
+        others = here[n] | {times[k + 1 + i] for i in window}
+        lost = sum(alone[t] - routed_there[t] for t in others)
+        outcomes.append((lost, routed_there[arrival]))
+    best = max(own for _, own in outcomes)
+    want = max(own - lost for lost, own in outcomes) - max(
+        own - lost for lost, own in outcomes if own == best
+    )
+    assert room == pytest.approx(want, abs=1e-9)
+    return round(room, 6), round(myopic, 6)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_finish_times_with_arrivals_are_the_simulators_own(seed: int) -> None:
     """The expert as one arrival found it, and the arrivals after it at their times:
