@@ -215,8 +215,8 @@ def _hindsight_room_against_its_worlds(
     its `impact_room` (nothing more arriving), for comparison."""
     k = len(first)
 
-    def world(last: int, later: list[int]) -> EdgeEnv:
-        env = EdgeEnv(
+    def fresh() -> EdgeEnv:
+        return EdgeEnv(
             experts,
             pool,
             arrivals=iter(Arrival(t) for t in times),
@@ -225,6 +225,9 @@ def _hindsight_room_against_its_worlds(
             impact="hindsight",
             reward="qos",
         )
+
+    def world(last: int, later: list[int]) -> EdgeEnv:
+        env = fresh()
         for action in [*first, last, *later]:
             env.step(action)
         env.drain()
@@ -234,15 +237,7 @@ def _hindsight_room_against_its_worlds(
         return {r.arrival: env.qos(r) for r in env.finished}
 
     # the trajectory: the arrival to expert 1, the later ones as `after` says
-    env = EdgeEnv(
-        experts,
-        pool,
-        arrivals=iter(Arrival(t) for t in times),
-        predictor=NoisyOracle(1.0, 1.0),
-        latency_req=latency,
-        impact="hindsight",
-        reward="qos",
-    )
+    env = fresh()
     for action in first:
         env.step(action)
     options = env.options()
