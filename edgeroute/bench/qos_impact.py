@@ -62,13 +62,13 @@ def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]
         n = action - 1
         row = None
         if action and not env.experts[n].refuses():
+            options = env.options()
             row = {
                 "true": env.counterfactual_impact(n, env.request_for(n)),
                 "reached": env.estimated_impact(n),
                 "pushed": env.estimated_impact(n, pushed=True),
-                "room": env.impact_room(),
+                "room": env.impact_room(options),
             }
-            options = env.options()
         _, done = env.step(action)
         if row is not None and env.last_request is not None:
             routed.append((row, env.last_request, options))

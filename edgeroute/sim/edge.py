@@ -738,14 +738,14 @@ class EdgeEnv:
             if not e.refuses()
         ]
 
-    def impact_room(self) -> float:
+    def impact_room(self, options: list[Option]) -> float:
         """What weighing the others' loss can change in routing the current arrival:
-        over the experts that would take it, the best of its own QoS less what the
-        others there lose, less the best of that among the experts that give it the
+        over its `options` (`options()`, taken now), the best of its own QoS less what
+        the others there lose, less the best of that among the experts that give it the
         most QoS of its own; each expert's future with and without it, nothing more
         arriving (as `counterfactual_impact`). 0 when the two choices agree. Training
         and benchmarks only."""
-        outcomes = [self._joined(o.found, o.n, o.req, [])[:2] for o in self.options()]
+        outcomes = [self._joined(o.found, o.n, o.req, [])[:2] for o in options]
         return _room(outcomes)
 
     def hindsight_room(self, options: list[Option], routed: Req | None) -> float:

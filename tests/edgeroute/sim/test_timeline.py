@@ -154,7 +154,7 @@ def _room_against_its_worlds(
     dropped = world(0)
     alone = {r.arrival: dropped.qos(r) for r in dropped.finished}
     at = world(None)
-    room = at.impact_room()
+    room = at.impact_room(at.options())
     totals, owns = [], []
     for n in range(len(experts)):
         routed = world(n + 1)
@@ -244,7 +244,7 @@ def _hindsight_room_against_its_worlds(
     here = {
         n: {r.arrival for r in Queued.of(e, env.now).requests} for n, e in enumerate(env.experts)
     }
-    myopic = env.impact_room()
+    myopic = env.impact_room(options)
     env.step(1)
     routed = env.last_request
     for action in after:
