@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import selectors
 import shutil
 import signal
 import socket
@@ -182,6 +183,40 @@ def hold_streams(
     for t in threads:
         t.start()
     return threads
+
+
+class _SkippingSelector(selectors.DefaultSelector):
+    """A selector that, with nothing ready, moves its loop's clock on by the timeout
+    instead of sleeping it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        ready = super().select(0)
+        if not ready and timeout is not None:
+            self.now += timeout
+        elif not ready:
+            ready = super().select(None)
+        return ready
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on a virtual clock: timers fire in order at their exact times, and
+    waiting takes no wall time, so code that times itself by the loop's clock can be
+    held to exact figures on a loaded machine."""
+
+    def __init__(self) -> None:
+        self._selector_clock = _SkippingSelector()
+        super().__init__(self._selector_clock)
+
+    def time(self) -> float:
+        return self._selector_clock.now
+
+    def hold(self, seconds: float) -> None:
+        """A callback that keeps the host busy for `seconds`: the clock moves on by them."""
+        self._selector_clock.now += seconds
 
 
 class ServerThread:
