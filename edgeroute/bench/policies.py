@@ -135,29 +135,37 @@ def full_queues(policy: QoSDRL, n: int) -> list[ClusterView]:
     """Views of N experts with full queues (5 running + 5 waiting each). The experts
     serve the predictor's models in turn, as in the QoS simulator, so up to 11
     distinct ones are predicted per request. Each view differs from the one before in
-    one backend's progress, as the gateway rebuilds the one it dispatched to."""
+    one backend's progress, as the gateway rebuilds the one it dispatched to, and by
+    `with_load` as it does: the health and configuration stay, and so do the filters'
+    verdicts on them."""
     experts = policy.predictor.models
 
-    def backend(i: int, generated: int) -> BackendView:
-        return BackendView(
-            id=f"e{i}",
-            models=frozenset({"m"}),
-            expert=experts[i % len(experts)],
-            running=5,
-            waiting=5,
-            kv_usage=0.6,
-            kv_capacity_tokens=4096,
-            stats_age=0.0,
-            inflight=10,
-            requests=tuple(InflightRequest(200, 0.0, generated, 0.5, 150.0) for _ in range(10)),
-        )
+    def requests(generated: int) -> tuple[InflightRequest, ...]:
+        return tuple(InflightRequest(200, 0.0, generated, 0.5, 150.0) for _ in range(10))
 
-    variants = [(backend(i, 40), backend(i, 41)) for i in range(n)]
-    current = [v[0] for v in variants]
+    first = ClusterView(
+        tuple(
+            BackendView(
+                id=f"e{i}",
+                models=frozenset({"m"}),
+                expert=experts[i % len(experts)],
+                running=5,
+                waiting=5,
+                kv_usage=0.6,
+                kv_capacity_tokens=4096,
+                stats_age=0.0,
+                inflight=10,
+                requests=requests(40),
+            )
+            for i in range(n)
+        )
+    )
+    variants = [(b, b.with_load(10, requests(41))) for b in first.backends]
+    current = list(first.backends)
     views = []
-    for j in range(2 * n):
-        current[j % n] = variants[j % n][j // n % 2]
-        views.append(ClusterView(tuple(current)))
+    for j in range(2 * n):  # each backend on by one token, then back: a cycle
+        current[j % n] = variants[j % n][(j // n + 1) % 2]
+        views.append(first.with_load(tuple(current)))
     return views
 
 
