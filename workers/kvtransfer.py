@@ -71,8 +71,9 @@ class SharedLink:
             await asyncio.shield(flow.done)
         except asyncio.CancelledError:
             if flow in self._flows:
-                self._advance(loop.time())
-                self._flows.remove(flow)
+                self._advance(loop.time())  # it may have ended unseen: then it is gone
+                if flow in self._flows:
+                    self._flows.remove(flow)
                 self._changed.set()
             raise
         return flow.finished - flow.started

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -203,3 +205,37 @@ def test_a_decode_instance_has_its_own_weather_and_counts_its_busy_link(
     text = httpx.get(url + "/metrics").text
     busy = read_by_label(text, "emulator:link_busy_seconds_total", "tier")
     assert busy["cluster"] > 0
+
+
+def test_a_flow_cancelled_after_it_ended_unseen_is_cancelled_cleanly() -> None:
+    """Hostile twin: the host holds the loop past a flow's end, and the client cancels
+    before the link has seen it end; the link, catching up, finds it ended."""
+
+    async def scenario(loop: VirtualClockLoop) -> tuple[bool, int]:
+        link = SharedLink(lambda: 100 * MB)
+        sending = loop.create_task(link.send(10 * MB))  # ends at 0.1 s
+        loop.call_at(0.05, loop.hold, 0.15)
+        loop.call_at(0.06, sending.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await sending
+        return sending.cancelled(), link.active
+
+    assert on_virtual_clock(scenario) == (True, 0)
+
+
+def test_a_stalled_tier_holds_its_flows_until_it_frees_and_an_unbounded_one_none() -> None:
+    async def scenario(loop: VirtualClockLoop) -> tuple[float, float, float]:
+        capacity = [0.0]  # a tier at full congestion carries nothing
+        link = SharedLink(lambda: capacity[0])
+
+        def free() -> None:
+            capacity[0] = 100 * MB
+            link.refresh()
+
+        loop.call_at(0.5, free)
+        took = await link.send(10 * MB)
+        seen = loop.time()
+        unbounded = SharedLink(lambda: math.inf)
+        return seen, took, await unbounded.send(10 * MB)
+
+    assert on_virtual_clock(scenario) == pytest.approx((0.6, 0.6, 0.0))
