@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
+from policies.text import completion_prompts
 
 MAX_TOKENS_LIMIT = 1 << 24
 
@@ -91,9 +92,12 @@ def _messages(v: Any) -> str | None:
 
 
 def _prompt(v: Any) -> str | None:
-    if isinstance(v, str) or (isinstance(v, list) and v):
+    if completion_prompts(v) is not None:
         return None
-    return "'prompt' must be a string or a non-empty list"
+    return (
+        "'prompt' must be a string, a non-empty list of strings or of token ids "
+        "(integers from 0), or a list of such lists of token ids"
+    )
 
 
 def _required(rule: Rule) -> Rule:
@@ -143,8 +147,23 @@ COMPLETION_RULES = (
     *_COMMON,
     Rule(
         "prompt",
-        # A string, or a list of strings or of token ids.
-        {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1}]},
+        # A string, a list of strings or of token ids, or a batch of lists of ids.
+        {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "integer", "minimum": 0},
+                    },
+                },
+            ]
+        },
         _prompt,
         required=True,
     ),

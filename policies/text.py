@@ -27,16 +27,51 @@ def _content_text(content: Any) -> str:
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """All prompt text of a chat or completion body, messages joined by newlines."""
+    """All prompt text of a chat or completion body: messages, or a batch's prompts,
+    joined by newlines."""
     messages = body.get("messages")
     if isinstance(messages, list):
         return "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-    prompt = body.get("prompt")
+    return "\n".join(completion_prompts(body.get("prompt")) or ())
+
+
+def completion_prompts(prompt: Any) -> list[str] | None:
+    """A completion's prompts, as vLLM takes them: a string, a list of strings, a list
+    of token ids (one prompt) or a list of such lists (a batch); None for anything
+    else. Token ids are spelled `ids_text`'s way."""
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    return ""
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if all(_is_id(t) for t in prompt):
+        return [ids_text(prompt)]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
+        return [ids_text(p) for p in prompt]
+    return None
+
+
+def ids_text(ids: list[int]) -> str:
+    """Token ids as text of CHARS_PER_TOKEN base-36 digits each: the token estimate
+    counts one token per id, and prefix blocks fall on the same ids as the engine's."""
+    return "".join(_base36(t).rjust(CHARS_PER_TOKEN, "0") for t in ids)
+
+
+_ID_LIMIT = 36**CHARS_PER_TOKEN  # past every tokenizer's vocabulary
+
+
+def _is_id(t: Any) -> bool:
+    return type(t) is int and 0 <= t < _ID_LIMIT
+
+
+def _base36(n: int) -> str:
+    digits = ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            return digits
 
 
 def last_user_text(body: Mapping[str, Any]) -> str:

@@ -59,7 +59,7 @@ class RequestInfo:
     entropy: int = 0
     stream: bool = False
     task: str | None = None
-    prompt: str = ""
+    prompt: str = ""  # its text (`policies.text.prompt_text`: token ids spelled as text)
     prefill_id: str | None = None  # for decode selection: where the KV cache comes from
     now: float = 0.0  # the arrival instant (monotonic seconds), drawn at the edge
 

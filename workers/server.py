@@ -27,7 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from gateway.relay import ClientWatch
 from oracle.topology import Topology
 from policies.odmoe import OdMoEConfig
-from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text, stable_hash
+from policies.text import (
+    block_hashes,
+    completion_prompts,
+    estimate_tokens,
+    last_user_text,
+    prompt_text,
+    stable_hash,
+)
 from workers.choices import Asked, Choice, Invalid, logprobs, plan, read_asked, tool_calls
 from workers.engine import Engine, EngineError, Sequence
 from workers.kvtransfer import SharedLink
@@ -192,10 +199,11 @@ class Worker:
 
     # -- answers -------------------------------------------------------------
 
-    def _outcome(self, body: dict[str, Any], task: str | None, seed: int) -> Outcome:
+    def _outcome(self, prompt: str, task: str | None, seed: int) -> Outcome:
+        """The answer to `prompt` (the last user message, or one completion prompt)."""
         if self.truth is None:
             return Outcome(tokens=16, score=0.0, task="none", source="fixed")
-        return self.truth.outcome(last_user_text(body), task, seed)
+        return self.truth.outcome(prompt, task, seed)
 
     def _tier_capacity(self, tier: str) -> float:
         """Bytes/s into this instance on `tier`, read at every change: congestion is live."""
@@ -310,8 +318,14 @@ class Worker:
             raise _Invalid(f"The model `{model}` does not exist.", "model", 404)
         if chat and not isinstance(body.get("messages"), list):
             raise _Invalid("'messages' must be a list", "messages")
-        if not chat and not isinstance(body.get("prompt"), str | list):
-            raise _Invalid("'prompt' must be a string or a list", "prompt")
+        # a completion may carry a batch of prompts: n choices each, in their order
+        prompts = [prompt_text(body)] if chat else completion_prompts(body.get("prompt"))
+        if prompts is None:
+            raise _Invalid(
+                "'prompt' must be a string, a list of strings or of token ids, "
+                "or a list of lists of token ids",
+                "prompt",
+            )
         try:
             asked = read_asked(body, chat)
         except Invalid as exc:
@@ -323,28 +337,37 @@ class Worker:
         seed_field = _int_field(body, "seed", -(2**63))
         stream = bool(body.get("stream", False))
         usage_in_stream = bool((body.get("stream_options") or {}).get("include_usage"))
-        text = prompt_text(body)
-        prompt_tokens = estimate_tokens(text)
+        sizes = [estimate_tokens(text) for text in prompts]
         limit = self.profile.max_model_len
-        if prompt_tokens >= limit:
-            raise _Invalid(
-                f"This model's maximum context length is {limit} tokens; "
-                f"the prompt has {prompt_tokens}.",
-                "messages" if chat else "prompt",
-            )
-        if max_tokens is not None and prompt_tokens + max_tokens > limit:
-            raise _Invalid(
-                f"This model's maximum context length is {limit} tokens. You requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-                f"{max_tokens} in the completion).",
-                "max_tokens",
-            )
+        for prompt_tokens in sizes:
+            if prompt_tokens >= limit:
+                raise _Invalid(
+                    f"This model's maximum context length is {limit} tokens; "
+                    f"the prompt has {prompt_tokens}.",
+                    "messages" if chat else "prompt",
+                )
+            if max_tokens is not None and prompt_tokens + max_tokens > limit:
+                raise _Invalid(
+                    f"This model's maximum context length is {limit} tokens. You requested "
+                    f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+                    f"{max_tokens} in the completion).",
+                    "max_tokens",
+                )
 
-        seed = seed_field if seed_field is not None else stable_hash(text + str(model))
         task = _task(request, body) or self.config.default_task
-        outcome = self._outcome(body, task, seed)
-        room = limit - prompt_tokens
-        choices = plan(asked, seed, outcome.tokens, min(max_tokens or room, room), stop)
+        choices: list[Choice] = []
+        of_choice: list[int] = []  # each choice's prompt
+        outcomes = []
+        for i, (text, prompt_tokens) in enumerate(zip(prompts, sizes, strict=True)):
+            seed = seed_field if seed_field is not None else stable_hash(text + str(model))
+            outcome = self._outcome(last_user_text(body) if chat else text, task, seed)
+            room = limit - prompt_tokens
+            for c in plan(asked, seed, outcome.tokens, min(max_tokens or room, room), stop):
+                c.index += i * asked.n
+                choices.append(c)
+                of_choice.append(i)
+            outcomes.append(outcome)
+        outcome = outcomes[0]  # a batch's headers name its first prompt's answer
 
         kv_params = body.get("kv_transfer_params") or {}
         if not isinstance(kv_params, dict):
@@ -358,16 +381,16 @@ class Worker:
         # vLLM names the response after the caller's X-Request-Id when there is one.
         given = request.headers.get("x-request-id")
         rid = ("chatcmpl-" if chat else "cmpl-") + (given or uuid.uuid4().hex)
-        hashes = block_hashes(text, self.profile.block_size)
+        hashes = [block_hashes(text, self.profile.block_size) for text in prompts]
         seqs = [
             Sequence(
                 id=f"{rid}-{uuid.uuid4().hex[:8]}" if given or c.index else rid,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=sizes[i],
                 target_tokens=max(len(c.pieces), 1) if remote_decode else len(c.pieces),
-                prefix_hashes=hashes,
+                prefix_hashes=hashes[i],
                 task=_task(request, body) or "",
             )
-            for c in choices
+            for c, i in zip(choices, of_choice, strict=True)
         ]
         headers = {
             "x-emulated-score": f"{outcome.score:g}",
@@ -378,19 +401,19 @@ class Worker:
         if remote_prefill:
             await self._receive_kv(kv_params, seqs[0])
             for seq in seqs:
-                seq.remote_cached_tokens = prompt_tokens
+                seq.remote_cached_tokens = seq.prompt_tokens
         out_params = None
         if remote_decode:
             out_params = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
                 "remote_engine_id": self.config.id,
-                "remote_block_ids": list(range(self.profile.blocks_for(prompt_tokens))),
+                "remote_block_ids": list(range(self.profile.blocks_for(sizes[0]))),
                 "remote_host": self.config.host,
                 "remote_port": self.config.port,
                 "tp_size": 1,
             }
-        answer = _Answer(rid, str(model), chat, asked, choices, prompt_tokens)
+        answer = _Answer(rid, str(model), chat, asked, choices, sum(sizes))
         running = [seq for seq in seqs if seq.target_tokens > 0]
         try:
             for seq in running:

@@ -24,7 +24,7 @@ def test_the_document_lists_every_rule_and_the_required_ones() -> None:
 BAD: dict[str, list[Any]] = {
     "model": ["", 3, None],
     "messages": [[], "hi", [{"content": "x"}], [{"role": "user", "content": 3}]],
-    "prompt": [[], 3, None],
+    "prompt": [[], 3, None, [1, "a"], [[]], [-1], [True], [1.5], [[1], "a"], [[1], [2, "x"]]],
     "stream": ["yes", 1],
     "stream_options": [[], "x"],
     "max_tokens": [0, 1 << 25, 1.5, True, "3"],
@@ -65,4 +65,5 @@ def test_what_the_schema_allows_passes_and_unknown_fields_pass_through() -> None
         "top_k": 40,  # a vLLM extra
     }
     assert validate(body, chat=True) is body
-    assert validate({**COMPLETION, "prompt": [[1, 2, 3]]}, chat=False)  # token ids
+    for prompt in ("", ["a", "b"], [0, 1, 2], [[1, 2, 3]], [[1], [2, 3]]):
+        assert validate({**COMPLETION, "prompt": prompt}, chat=False)  # token ids too

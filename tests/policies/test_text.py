@@ -1,6 +1,13 @@
 from __future__ import annotations
 
-from policies.text import block_hashes, estimate_tokens, last_user_text, prompt_text
+from policies.text import (
+    block_hashes,
+    completion_prompts,
+    estimate_tokens,
+    ids_text,
+    last_user_text,
+    prompt_text,
+)
 
 
 def test_prompt_text_of_chat_and_completion_bodies() -> None:
@@ -28,3 +35,25 @@ def test_block_hashes_are_chained_prefix_hashes() -> None:
     c = block_hashes("z" * 64 + "b" * 64, 16)
     assert len(a) == 2 and a == b[:2]
     assert a[1] != c[1]  # same block, different prefix
+
+
+def test_token_id_prompts_count_one_token_an_id_and_share_blocks_by_id() -> None:
+    ids = list(range(1000, 1300))
+    assert estimate_tokens(prompt_text({"prompt": ids})) == 300
+    batch = prompt_text({"prompt": [ids, ids[:100]]})
+    assert estimate_tokens(batch) == 400 + 1  # and the newline between them
+    # 64-token blocks fall on the ids: a prompt sharing the first 130 ids shares 2 blocks
+    other = ids[:130] + [7] * 170
+    a = block_hashes(prompt_text({"prompt": ids}), 64)
+    b = block_hashes(prompt_text({"prompt": other}), 64)
+    assert len(a) == len(b) == 4 and a[:2] == b[:2] and a[2] != b[2]
+
+
+def test_completion_prompts_are_what_vllm_takes() -> None:
+    assert completion_prompts("hi") == ["hi"]
+    assert completion_prompts(["a", "b"]) == ["a", "b"]
+    assert completion_prompts([1, 2]) == [ids_text([1, 2])]
+    assert completion_prompts([[1], [2, 3]]) == [ids_text([1]), ids_text([2, 3])]
+    assert ids_text([0, 35, 36, 36**4 - 1]) == "0000000z0010zzzz"
+    for bad in ([], [[]], [1, "a"], [-1], [True], [1.0], [[1], "a"], [36**4], {"a": 1}, None):
+        assert completion_prompts(bad) is None, bad

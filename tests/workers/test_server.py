@@ -102,6 +102,37 @@ def test_completions_endpoint(start_worker: Start) -> None:
     assert r.usage.completion_tokens == 4 and r.choices[0].text
 
 
+def test_completions_take_token_ids_and_batches_as_vllm_does(start_worker: Start) -> None:
+    """A list of token ids is one prompt of that many tokens; a list of prompts (texts
+    or lists of ids) is a batch: n choices per prompt, indexed prompt by prompt, each
+    the answer that prompt alone gets, and the usage sums the prompts."""
+    url, _ = start_worker()
+    sdk = client(url)
+    ids = list(range(100, 400))
+    alone = sdk.completions.create(model=MODEL, prompt=ids, max_tokens=3)
+    assert alone.usage is not None and alone.usage.prompt_tokens == 300
+    prompts = ["Once upon", "a time, far away"]
+    single = [sdk.completions.create(model=MODEL, prompt=p, max_tokens=4, n=2) for p in prompts]
+    batch = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=4, n=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert [c.text for c in batch.choices] == [c.text for r in single for c in r.choices]
+    assert batch.usage is not None and batch.usage.completion_tokens == 16
+    assert batch.usage.prompt_tokens == sum(estimate_tokens(p) for p in prompts)
+    streamed = ["", "", ""]
+    for chunk in sdk.completions.create(
+        model=MODEL, prompt=[ids, ids[:50], [7]], max_tokens=5, stream=True
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert all(streamed)
+    whole = sdk.completions.create(model=MODEL, prompt=[ids, ids[:50], [7]], max_tokens=5)
+    assert [c.text for c in whole.choices] == streamed
+    assert whole.usage is not None and whole.usage.prompt_tokens == 351
+    for bad in ([], [1, "a"], [[]], [-3]):
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", bad
+
+
 def test_models_health_load_and_errors(start_worker: Start) -> None:
     url, _ = start_worker(served_model_names=[MODEL, "alias"])
     ids = [m.id for m in client(url).models.list()]

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.incoming import Incoming, RequestInfos
+
+
+def incoming(body: dict[str, Any]) -> Incoming:
+    return Incoming({}, "/v1/completions", b"", body, [], "m", "rid", 0.0)
+
+
+def test_a_token_id_prompt_is_sized_and_hashed_by_its_ids() -> None:
+    """Policies see a prompt of token ids as its length in tokens, with prefix blocks
+    that two prompts sharing their first ids share."""
+    infos = RequestInfos(prefix_block_tokens=64)
+    ids = list(range(5000, 5300))
+    info = infos.build(incoming({"prompt": ids}), hashed=True)
+    assert info.prompt_tokens == 300 and len(info.block_hashes) == 4
+    other = infos.build(incoming({"prompt": ids[:200] + [1] * 100}), hashed=True)
+    assert other.block_hashes[:3] == info.block_hashes[:3]
+    assert other.block_hashes[3] != info.block_hashes[3]
+    batch = infos.build(incoming({"prompt": [ids, ids]}), hashed=False)
+    assert batch.prompt_tokens == 601  # both prompts, and the newline between them
