@@ -52,6 +52,29 @@ def test_openai_sdk_sync_plain_and_streaming(start_worker: Start, start_gateway:
     assert raw.headers["x-request-id"]
 
 
+def test_token_id_and_batched_completions_pass_through(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """The SDK's batch of token-id prompts through the gateway: n choices per prompt,
+    whole and streamed; a prompt list a backend would refuse is refused at the edge."""
+    w, _ = start_worker()
+    url, _ = start_gateway([w])
+    c = sdk(url)
+    prompts = [list(range(100, 400)), [7] * 10]
+    whole = c.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2)
+    assert [ch.index for ch in whole.choices] == [0, 1, 2, 3]
+    assert whole.usage is not None and whole.usage.prompt_tokens == 310
+    streamed = ["", "", "", ""]
+    for chunk in c.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2, stream=True):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.text
+    assert streamed == [ch.text for ch in whole.choices]
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model=MODEL, prompt=[[1, 2], "three"], max_tokens=3)  # type: ignore[arg-type]
+    assert err.value.body is not None and err.value.body["param"] == "prompt"  # type: ignore[index]
+    assert "x-edgeroute-backend" not in err.value.response.headers  # no backend saw it
+
+
 async def test_openai_sdk_async_plain_and_streaming(
     start_worker: Start, start_gateway: Start
 ) -> None:
