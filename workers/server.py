@@ -359,7 +359,12 @@ class Worker:
         of_choice: list[int] = []  # each choice's prompt
         outcomes = []
         for i, (text, prompt_tokens) in enumerate(zip(prompts, sizes, strict=True)):
-            seed = seed_field if seed_field is not None else stable_hash(text + str(model))
+            # a given seed goes on from prompt to prompt as from choice to choice, so a
+            # batch's prompts differ as a model's answers to them would
+            if seed_field is None:
+                seed = stable_hash(text + str(model))
+            else:
+                seed = seed_field + i * asked.n
             outcome = self._outcome(last_user_text(body) if chat else text, task, seed)
             room = limit - prompt_tokens
             for c in plan(asked, seed, outcome.tokens, min(max_tokens or room, room), stop):

@@ -118,6 +118,10 @@ def test_completions_take_token_ids_and_batches_as_vllm_does(start_worker: Start
     assert [c.text for c in batch.choices] == [c.text for r in single for c in r.choices]
     assert batch.usage is not None and batch.usage.completion_tokens == 16
     assert batch.usage.prompt_tokens == sum(estimate_tokens(p) for p in prompts)
+    # a given seed goes on from prompt to prompt: the same prompt twice, two answers
+    seeded = sdk.completions.create(model=MODEL, prompt=[prompts[0]] * 2, max_tokens=4, seed=9)
+    first = sdk.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, seed=9)
+    assert seeded.choices[0].text == first.choices[0].text != seeded.choices[1].text
     streamed = ["", "", ""]
     for chunk in sdk.completions.create(
         model=MODEL, prompt=[ids, ids[:50], [7]], max_tokens=5, stream=True
