@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
-from policies.text import completion_prompts
+from policies.text import prompt_parts
 
 MAX_TOKENS_LIMIT = 1 << 24
 
@@ -92,7 +92,7 @@ def _messages(v: Any) -> str | None:
 
 
 def _prompt(v: Any) -> str | None:
-    if completion_prompts(v) is not None:
+    if prompt_parts(v) is not None:
         return None
     return (
         "'prompt' must be a string, a non-empty list of strings or of token ids "

@@ -10,6 +10,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 CHARS_PER_TOKEN = 4
 
 
@@ -36,42 +38,51 @@ def prompt_text(body: Mapping[str, Any]) -> str:
 
 
 def completion_prompts(prompt: Any) -> list[str] | None:
+    """A completion's prompts as text (`prompt_parts`, token ids spelled by
+    `ids_text`); None for anything vLLM would not take."""
+    parts = prompt_parts(prompt)
+    if parts is None:
+        return None
+    return [p if isinstance(p, str) else ids_text(p) for p in parts]
+
+
+def prompt_parts(prompt: Any) -> list[str] | list[list[int]] | None:
     """A completion's prompts, as vLLM takes them: a string, a list of strings, a list
     of token ids (one prompt) or a list of such lists (a batch); None for anything
-    else. Token ids are spelled `ids_text`'s way."""
+    else. Checking costs a scan of the ids at C speed, not a call per id."""
     if isinstance(prompt, str):
         return [prompt]
     if not isinstance(prompt, list) or not prompt:
         return None
-    if all(_is_id(t) for t in prompt):
-        return [ids_text(prompt)]
-    if all(isinstance(p, str) for p in prompt):
-        return list(prompt)
-    if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
-        return [ids_text(p) for p in prompt]
+    if _ids(prompt):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt) or all(_ids(p) for p in prompt):
+        return prompt
     return None
+
+
+_ID_LIMIT = 36**CHARS_PER_TOKEN  # past every tokenizer's vocabulary
+_DIGITS = np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyz", np.uint8)
+_PLACES = 36 ** np.arange(CHARS_PER_TOKEN - 1, -1, -1)
+
+
+def _ids(p: Any) -> bool:
+    """A non-empty list of token ids: ints (not bools) in [0, _ID_LIMIT)."""
+    return (
+        isinstance(p, list)
+        and bool(p)
+        and set(map(type, p)) == {int}
+        and min(p) >= 0
+        and max(p) < _ID_LIMIT
+    )
 
 
 def ids_text(ids: list[int]) -> str:
     """Token ids as text of CHARS_PER_TOKEN base-36 digits each: the token estimate
     counts one token per id, and prefix blocks fall on the same ids as the engine's."""
-    return "".join(_base36(t).rjust(CHARS_PER_TOKEN, "0") for t in ids)
-
-
-_ID_LIMIT = 36**CHARS_PER_TOKEN  # past every tokenizer's vocabulary
-
-
-def _is_id(t: Any) -> bool:
-    return type(t) is int and 0 <= t < _ID_LIMIT
-
-
-def _base36(n: int) -> str:
-    digits = ""
-    while True:
-        n, d = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
-        if not n:
-            return digits
+    digits = np.asarray(ids, np.int64)[:, None] // _PLACES % 36
+    text: str = _DIGITS[digits].tobytes().decode("ascii")
+    return text
 
 
 def last_user_text(body: Mapping[str, Any]) -> str:

@@ -58,11 +58,11 @@ class SharedLink:
 
     async def send(self, nbytes: float) -> float:
         """Carry `nbytes` across the link; the emulated seconds it took."""
+        if nbytes <= _DONE:
+            return 0.0
         loop = asyncio.get_running_loop()
         self._advance(loop.time())
-        flow = _Flow(max(0.0, nbytes), started=self._clock)
-        if flow.remaining <= _DONE:
-            return 0.0
+        flow = _Flow(nbytes, started=self._clock)
         self._flows.append(flow)
         self._changed.set()
         if self._task is None or self._task.done():
@@ -86,7 +86,7 @@ class SharedLink:
         endless = math.isinf(self._rate)  # every flow arrives at once
         while self._flows and self._rate > 0.0 and (elapsed > 0.0 or endless):
             share = self._rate / len(self._flows)
-            step = min(elapsed, min(f.remaining for f in self._flows) / share)
+            step = min(elapsed, self._first_end())
             for flow in self._flows:
                 flow.remaining = 0.0 if endless else flow.remaining - share * step
             elapsed -= step
@@ -100,14 +100,19 @@ class SharedLink:
         self._clock += elapsed
         self._rate = self._capacity()
 
+    def _first_end(self) -> float:
+        """Emulated seconds until the first flow ends at the current shares (inf: never,
+        the tier carries nothing)."""
+        share = self._rate / len(self._flows)
+        return min(f.remaining for f in self._flows) / share if share > 0 else math.inf
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._flows:
             self._changed.clear()
-            share = self._rate / len(self._flows)
-            wait = min(f.remaining for f in self._flows) / share if share > 0 else None
+            wait = self._first_end()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._changed.wait(), None if wait is None else wait / self._speedup
+                    self._changed.wait(), wait / self._speedup if math.isfinite(wait) else None
                 )
             self._advance(loop.time())
