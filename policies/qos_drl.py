@@ -45,7 +45,15 @@ from policies.predictor import (
 )
 from policies.qos_action import drawn
 from policies.qos_graph import joined
-from policies.qos_state import FeatureCache, expert_columns, snapshot
+from policies.qos_state import (
+    F_EXPERT,
+    F_REQ,
+    QUEUE_CAP,
+    ExpertSnapshot,
+    FeatureCache,
+    expert_columns,
+    snapshot,
+)
 from policies.scorers import mix64
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
@@ -81,6 +89,7 @@ class QoSDRL:
         self._unknown = len(self.predictor.models)  # the model index of the mean of all
         self._models: dict[tuple[int | None, ...], np.ndarray] = {}
         self._features: FeatureCache = {}
+        self._rows: dict[tuple[str, ...], _Rows] = {}
         # the gateway's default filters, their verdicts kept per model and view epoch
         self._filters = Pipeline(
             "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
@@ -104,6 +113,7 @@ class QoSDRL:
         other = copy.copy(self)
         other._features = {}
         other._models = {}
+        other._rows = {}
         other._last = None
         other.shed, other.sample = shed, sample
         other._target(latency_ms)
@@ -168,21 +178,29 @@ class QoSDRL:
         if isinstance(candidates, Decision):
             return candidates
         self._last = (req, view)
-        experts = [snapshot(b, view.stale_after, self._features) for b in candidates]
-        latency = self.latency
-        # the experts' rows, where the graph adds the predictions
-        own = np.array([expert_columns(e, latency) for e in experts], np.float32)
+        stale_after, features = view.stale_after, self._features
+        rows = self._rows_of(candidates)
+        rows.update([snapshot(b, stale_after, features) for b in candidates], self.latency)
         feeds: dict[str, Any] = {
             "ids": self.predictor.prompt_ids(req.prompt),
             "model": self._model_rows(candidates),
-            "experts_own": own[None],
+            "experts_own": rows.own,
         }
         if self._scalars:
-            feeds["scalars"] = np.array(((req.prompt_tokens, req.now, latency),))
+            feeds["scalars"] = np.array(((req.prompt_tokens, req.now, self.latency),))
         if self._queues:
-            feeds["packed"] = np.array([e.packed for e in experts])[None]
+            feeds["packed"] = rows.packed
         logits, preds = self._session.run(None, feeds)
         return candidates, preds, logits[0]
+
+    def _rows_of(self, candidates: Sequence[BackendView]) -> _Rows:
+        key = tuple(b.id for b in candidates)
+        rows = self._rows.get(key)
+        if rows is None:
+            if len(self._rows) >= 256:
+                self._rows.clear()
+            rows = self._rows[key] = _Rows(len(key), self._queues)
+        return rows
 
     def _model_rows(self, candidates: Sequence[BackendView]) -> np.ndarray:
         """Each candidate's model index in the predictor, the unknown ones' the index
@@ -196,6 +214,30 @@ class QoSDRL:
                 [self._unknown if e is None else e for e in key], np.int64
             )
         return rows
+
+
+class _Rows:
+    """The graph's per-backend inputs for one set of candidates: each expert's own
+    columns (`expert_columns`, zeros where the graph adds the predictions) and, for an
+    actor that reads the queues, its packed rows. Between requests most backends keep
+    their snapshot (the gateway rebuilds the view of the one it dispatched to), so
+    only the rows of those whose snapshot changed are written again, in place."""
+
+    __slots__ = ("own", "packed", "snapshots")
+
+    def __init__(self, n: int, queues: bool) -> None:
+        self.snapshots: list[ExpertSnapshot | None] = [None] * n
+        self.own = np.zeros((1, n, F_EXPERT), np.float32)
+        self.packed = np.zeros((1, n if queues else 0, 2, QUEUE_CAP, F_REQ + 3))
+
+    def update(self, experts: Sequence[ExpertSnapshot], latency: float) -> None:
+        queues = self.packed.shape[1] > 0
+        for i, e in enumerate(experts):
+            if e is not self.snapshots[i]:
+                self.own[0, i] = expert_columns(e, latency)
+                if queues:
+                    self.packed[0, i] = e.packed
+                self.snapshots[i] = e
 
 
 def load(

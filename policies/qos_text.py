@@ -19,7 +19,7 @@ def gram_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
     unpadded."""
     words = _WORD.findall(text.lower())[: max_ids // 2]
     grams = words + [a + " " + b for a, b in itertools.pairwise(words)]
-    found = np.fromiter((zlib.crc32(g.encode()) for g in grams[:max_ids]), np.int64)
+    found = np.fromiter(map(zlib.crc32, map(str.encode, grams[:max_ids])), np.int64)
     return 1 + found % (VOCAB - 1)
 
 

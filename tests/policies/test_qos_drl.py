@@ -239,3 +239,41 @@ def test_warming_repeats_the_last_decision_and_changes_nothing() -> None:
     assert policy.ranked(req, view) == before
     # another target's copy has not decided anything
     assert not policy.configured(40.0).warm()
+
+
+def test_rows_kept_between_requests_decide_as_rows_built_anew() -> None:
+    """A policy keeps each candidate set's rows and rewrites only the backends whose
+    view changed: as views change one backend at a time, lose one to ill health and
+    get it back, it decides to the last bit as a policy that never decided before."""
+    import dataclasses
+
+    import numpy as np
+
+    from policies.types import Decision, InflightRequest, RequestInfo
+    from tests.policies.test_qos_graph import random_view
+
+    keeping = QoSDRL()
+    rng = np.random.default_rng(3)
+    view = random_view(rng, keeping.predictor.models, 8, 100.0)
+    for step in range(40):
+        now = 100.0 + 0.1 * step
+        i = int(rng.integers(8))
+        backends = list(view.backends)
+        b = backends[i]
+        if step % 10 == 9:  # ill, or well again
+            backends[i] = dataclasses.replace(b, healthy=not b.healthy)
+        else:
+            more = InflightRequest(int(rng.integers(1, 900)), now, 0, 0.5, 100.0)
+            backends[i] = b.with_load(b.inflight + 1, (*b.requests, more))
+        if step % 10 == 9:  # a new configuration: a new view
+            view = dataclasses.replace(view, backends=tuple(backends))
+        else:
+            view = view.with_load(tuple(backends))
+        req = RequestInfo("m", 200, prompt="Sort a list of pairs.", now=now)
+        fresh = QoSDRL(predictor=keeping.predictor)._scored(req, view)
+        kept = keeping._scored(req, view)
+        assert not isinstance(kept, Decision) and not isinstance(fresh, Decision)
+        assert [b.id for b in kept[0]] == [b.id for b in fresh[0]]
+        np.testing.assert_array_equal(kept[1], fresh[1])
+        np.testing.assert_array_equal(kept[2], fresh[2])
+    assert len(keeping._rows) >= 2  # sets of eight and of seven
