@@ -35,7 +35,7 @@ from gateway.oracle_api import oracle_router
 from gateway.prism_scheduler import PlacementRefused, PrismScheduler
 from gateway.proxy import Proxy
 from gateway.relay import ClientWatch, Receive, Scope, Send
-from gateway.request_schema import CHAT_BODY, COMPLETION_BODY
+from gateway.request_schema import CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint
 from gateway.routes import Plan, Routes
 from gateway.settings import BackendConfig, RoutingConfig, Settings
 from gateway.store import (
@@ -423,7 +423,7 @@ def _admin_router(gw: Gateway) -> APIRouter:
 
 
 class GatewayApp(FastAPI):
-    """FastAPI for the API surface, with the two proxy routes dispatched straight to the
+    """FastAPI for the API surface, with the proxy routes dispatched straight to the
     proxy: they skip routing, dependency solving and the middleware stack, which cost
     more than the rest of the request path. FastAPI still documents them."""
 
@@ -434,9 +434,9 @@ class GatewayApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if scope["method"] == "POST":
-                chat = _PROXY_PATHS.get(scope["path"])
-                if chat is not None:
-                    await self._proxy(scope, receive, send, chat)
+                endpoint = ENDPOINTS.get(scope["path"])
+                if endpoint is not None:
+                    await self._proxy(scope, receive, send, endpoint)
                     return
             if scope["path"].startswith("/admin"):
                 # Before anything reads the body: a caller without the token learns
@@ -453,11 +453,11 @@ class GatewayApp(FastAPI):
                 _bodies_are_json(scope)
         await super().__call__(scope, receive, send)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         watch = ClientWatch()
         try:
             try:
-                response = await self.gateway.proxy.handle(Request(scope, receive), chat, watch)
+                response = await self.gateway.proxy.handle(Request(scope, receive), endpoint, watch)
             except Exception:  # not CancelledError, a BaseException: that is handled below
                 log.exception("unexpected error on the proxy path")
                 response = GatewayError(500, "internal gateway error").response()
@@ -469,7 +469,6 @@ class GatewayApp(FastAPI):
             watch.finish()
 
 
-_PROXY_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
 # What `curl -d` sends when not told otherwise.
 _FORM = b"application/x-www-form-urlencoded"
 
@@ -529,13 +528,17 @@ def create_app(settings: Settings) -> FastAPI:
     async def _http(request: Request, exc: HTTPException) -> Response:
         return GatewayError(exc.status_code, str(exc.detail)).response()
 
-    # GatewayApp serves these two before routing; they are declared for the schema.
-    @app.post("/v1/chat/completions", openapi_extra=CHAT_BODY, tags=["openai"])
+    # GatewayApp serves these before routing; they are declared for the schema.
+    @app.post(CHAT.path, openapi_extra=CHAT.openapi, tags=["openai"])
     async def chat_completions(request: Request) -> Response:
         raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
 
-    @app.post("/v1/completions", openapi_extra=COMPLETION_BODY, tags=["openai"])
+    @app.post(COMPLETIONS.path, openapi_extra=COMPLETIONS.openapi, tags=["openai"])
     async def completions(request: Request) -> Response:
+        raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
+
+    @app.post(EMBEDDINGS.path, openapi_extra=EMBEDDINGS.openapi, tags=["openai"])
+    async def embeddings(request: Request) -> Response:
         raise GatewayError(500, "served by GatewayApp")  # pragma: no cover
 
     def model_card(model: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ class Incoming:
     """A request the proxy has accepted: its body checked, its model known."""
 
     hdrs: dict[bytes, bytes]  # the client's headers, names lower-case
-    path: str  # /v1/chat/completions or /v1/completions
+    path: str  # the endpoint's: /v1/chat/completions, /v1/completions, /v1/embeddings
     raw: bytes  # the body as the client sent it
     body: dict[str, Any]  # the body, parsed and validated
     headers: list[tuple[bytes, bytes]]  # the headers to send upstream

@@ -32,7 +32,7 @@ from gateway.incoming import Incoming, RequestInfos, header_text
 from gateway.logs import request_id
 from gateway.metrics import GatewayMetrics, series
 from gateway.relay import ClientWatch, RelayResponse
-from gateway.request_schema import validate
+from gateway.request_schema import Endpoint, validate
 from gateway.routes import Routes
 from gateway.settings import Settings
 from gateway.transfers import KVTransfers
@@ -129,7 +129,7 @@ class Proxy:
         self.forwarder.hooks = hooks
 
     async def handle(
-        self, request: Request, chat: bool, watch: ClientWatch
+        self, request: Request, endpoint: Endpoint, watch: ClientWatch
     ) -> Response | RelayResponse:
         """Answer one OpenAI request. `watch` is started once the body is in; the
         caller finishes it when the response has been sent."""
@@ -152,7 +152,7 @@ class Proxy:
                 parsed = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
-            body = validate(parsed, chat)
+            body = validate(parsed, endpoint)
             model = body["model"]
             if model not in self.pool.known_models:
                 raise GatewayError(
@@ -162,8 +162,7 @@ class Proxy:
                     code="model_not_found",
                 )
             model_label = model
-            path = "/v1/chat/completions" if chat else "/v1/completions"
-            return await self._route(request, hdrs, path, raw, body, rid, t0)
+            return await self._route(request, hdrs, endpoint, raw, body, rid, t0)
         except ClientDisconnect:
             # The client left while sending its body: nothing to answer, nothing wrong.
             series(self.metrics.requests, model_label, "none", "499").inc()
@@ -194,7 +193,7 @@ class Proxy:
         self,
         request: Request,
         hdrs: dict[bytes, bytes],
-        path: str,
+        endpoint: Endpoint,
         raw: bytes,
         body: dict[str, Any],
         rid: str,
@@ -211,8 +210,10 @@ class Proxy:
                 retry_after=s.retry_after,
             )
         headers = self._upstream_headers(request.scope["headers"], hdrs, rid)
-        req = Incoming(hdrs, path, raw, body, headers, model, rid, t0)
-        handler: Handler = self.disaggregated if model in self.pool.pd_models else self.direct
+        req = Incoming(hdrs, endpoint.path, raw, body, headers, model, rid, t0)
+        # An answer that does not stream needs no decode: embeddings go to one backend.
+        split = endpoint.streams and model in self.pool.pd_models
+        handler: Handler = self.disaggregated if split else self.direct
         return await handler.serve(req)
 
     def _upstream_headers(

@@ -1,6 +1,6 @@
-"""The OpenAI request bodies the gateway accepts, as one schema: the OpenAPI document
-(`CHAT_BODY`, `COMPLETION_BODY`) and the checks (`validate`) both come from the rules
-below.
+"""The OpenAI endpoints the gateway forwards and the request bodies each accepts, as
+one schema: the OpenAPI document (`Endpoint.openapi`) and the checks (`validate`)
+both come from the rules below.
 
 The gateway forwards the client's own bytes; the checks only reject what is
 malformed, and unknown fields pass through.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import GatewayError
@@ -91,21 +91,37 @@ def _messages(v: Any) -> str | None:
     return None
 
 
-def _prompt(v: Any) -> str | None:
-    if prompt_parts(v) is not None:
-        return None
-    return (
-        "'prompt' must be a string, a non-empty list of strings or of token ids "
+def _texts(name: str) -> Rule:
+    """A completion's `prompt` or an embedding's `input`: a string, a list of strings
+    or of token ids, or a batch of lists of ids (`prompt_parts`)."""
+    message = (
+        f"'{name}' must be a string, a non-empty list of strings or of token ids "
         "(integers from 0), or a list of such lists of token ids"
     )
 
+    def check(v: Any) -> str | None:
+        return None if prompt_parts(v) is not None else message
 
-def _required(rule: Rule) -> Rule:
-    return Rule(rule.name, rule.schema, rule.check, required=True)
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+    schema = {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            ids,
+            {"type": "array", "minItems": 1, "items": ids},
+        ]
+    }
+    return Rule(name, schema, check, required=True)
 
+
+def _not_streamed(v: Any) -> str | None:
+    return None if v is False else "embeddings are not streamed: 'stream' must be false"
+
+
+_MODEL = replace(_string("model", "'model' is required and must be a string"), required=True)
 
 _COMMON = (
-    _required(_string("model", "'model' is required and must be a string")),
+    _MODEL,
     _plain("stream", "boolean", bool),
     _plain("stream_options", "object", dict),
     _integer("max_tokens", 1, MAX_TOKENS_LIMIT),
@@ -143,39 +159,50 @@ CHAT_RULES = (
     ),
 )
 
-COMPLETION_RULES = (
-    *_COMMON,
+COMPLETION_RULES = (*_COMMON, _texts("prompt"))
+
+
+# What /v1/embeddings takes, vLLM's way: `input` as a completion's `prompt`.
+EMBEDDING_RULES = (
+    _MODEL,
+    _texts("input"),
     Rule(
-        "prompt",
-        # A string, a list of strings or of token ids, or a batch of lists of ids.
-        {
-            "oneOf": [
-                {"type": "string"},
-                {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-                {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "integer", "minimum": 0},
-                    },
-                },
-            ]
-        },
-        _prompt,
-        required=True,
+        "encoding_format",
+        {"type": "string", "enum": ["float", "base64"]},
+        lambda v: None if v in ("float", "base64") else "'encoding_format' must be float or base64",
     ),
+    _integer("dimensions", 1, 1 << 16),
+    _plain("user", "string", str),
+    Rule("stream", {"type": "boolean", "enum": [False]}, _not_streamed),
 )
 
 
-def validate(body: Any, chat: bool) -> dict[str, Any]:
-    """`body` if it is an object whose known fields follow the rules; else a 400 naming
-    the first field that does not."""
+@dataclass(frozen=True, eq=False)  # one of each: compared and hashed by identity
+class Endpoint:
+    """An OpenAI endpoint the gateway forwards: its path, the rules of its body, and
+    whether its answers may stream."""
+
+    path: str
+    rules: tuple[Rule, ...]
+    streams: bool = True
+
+    @property
+    def openapi(self) -> dict[str, Any]:
+        return openapi_body(self.rules)
+
+
+CHAT = Endpoint("/v1/chat/completions", CHAT_RULES)
+COMPLETIONS = Endpoint("/v1/completions", COMPLETION_RULES)
+EMBEDDINGS = Endpoint("/v1/embeddings", EMBEDDING_RULES, streams=False)
+ENDPOINTS = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}
+
+
+def validate(body: Any, endpoint: Endpoint) -> dict[str, Any]:
+    """`body` if it is an object whose known fields follow the endpoint's rules; else a
+    400 naming the first field that does not."""
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object")
-    for rule in CHAT_RULES if chat else COMPLETION_RULES:
+    for rule in endpoint.rules:
         v = body.get(rule.name)
         if v is None:
             if rule.required:
@@ -204,7 +231,3 @@ def openapi_body(rules: tuple[Rule, ...]) -> dict[str, Any]:
             },
         }
     }
-
-
-CHAT_BODY = openapi_body(CHAT_RULES)
-COMPLETION_BODY = openapi_body(COMPLETION_RULES)

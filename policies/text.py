@@ -29,12 +29,15 @@ def _content_text(content: Any) -> str:
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """All prompt text of a chat or completion body: messages, or a batch's prompts,
-    joined by newlines."""
+    """All prompt text of a chat, completion or embedding body: messages, or a batch's
+    prompts (an embedding's inputs), joined by newlines."""
     messages = body.get("messages")
     if isinstance(messages, list):
         return "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-    return "\n".join(completion_prompts(body.get("prompt")) or ())
+    prompts = body.get("prompt")
+    if prompts is None:
+        prompts = body.get("input")
+    return "\n".join(completion_prompts(prompts) or ())
 
 
 def completion_prompts(prompt: Any) -> list[str] | None:

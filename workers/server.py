@@ -8,6 +8,7 @@ it then runs through the engine, which paces every token.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import hmac
@@ -15,10 +16,11 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -291,7 +293,12 @@ class Worker:
 
     # -- the OpenAI endpoints --------------------------------------------------
 
-    async def _completion(self, request: Request, chat: bool) -> Response:
+    async def _serve(
+        self,
+        request: Request,
+        run: Callable[[Request, dict[str, Any]], Awaitable[Response]],
+    ) -> Response:
+        """An OpenAI request: its body read, the faults asked for acted out, then `run`."""
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
@@ -308,11 +315,106 @@ class Worker:
         if fault.mode == "garbage":
             return Response(b"\x00not json{{{", media_type="application/json")
         try:
-            return await self._run(request, body, chat)
+            return await run(request, body)
         except _Invalid as exc:
             return _error(exc.status, str(exc), exc.param)
 
-    async def _run(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
+    def _submit(self, seqs: list[Sequence], param: str) -> None:
+        """All of `seqs` to the engine, or none: a 400 naming `param` if one can never
+        run (it would not fit in memory)."""
+        try:
+            for seq in seqs:
+                self.engine.submit(seq)
+        except EngineError as exc:
+            for seq in seqs:
+                self.engine.cancel(seq)
+            raise _Invalid(str(exc), param) from exc
+
+    async def _done(self, request: Request, running: list[Sequence]) -> Response | None:
+        """Wait until the engine has finished `running`; a 499 if the client left first
+        (its sequences cancelled), a 500 if one failed, else None."""
+        watch = ClientWatch()
+        watch.start(request.scope, request.receive)
+        try:
+            for seq in running:
+                while (await seq.tokens.get()) is not None:
+                    pass
+        except asyncio.CancelledError:
+            if not watch.client_left():
+                raise
+            for seq in running:
+                self.engine.cancel(seq)
+            return Response(status_code=499)
+        finally:
+            watch.finish()
+        failed = next((seq.error for seq in running if seq.error), None)
+        return _error(500, failed) if failed else None
+
+    async def _embed(self, request: Request, body: dict[str, Any]) -> Response:
+        """vLLM's /v1/embeddings for a pooling model: each input's prefill runs through
+        the engine (one pass, no decode), and its vector is drawn from its text, unit
+        length, so equal inputs embed alike."""
+        model = body.get("model")
+        if model not in self.config.names:
+            raise _Invalid(f"The model `{model}` does not exist.", "model", 404)
+        texts = completion_prompts(body.get("input"))
+        if texts is None:
+            raise _Invalid(
+                "'input' must be a string, a list of strings or of token ids, "
+                "or a list of lists of token ids",
+                "input",
+            )
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise _Invalid("'encoding_format' must be float or base64", "encoding_format")
+        dims = _int_field(body, "dimensions", 1) or EMBEDDING_DIMENSIONS
+        if dims > EMBEDDING_DIMENSIONS:
+            raise _Invalid(
+                f"'dimensions' must be at most {EMBEDDING_DIMENSIONS} for this model",
+                "dimensions",
+            )
+        sizes = [estimate_tokens(text) for text in texts]
+        limit = self.profile.max_model_len
+        if (longest := max(sizes)) > limit:
+            raise _Invalid(
+                f"This model's maximum context length is {limit} tokens; an input has {longest}.",
+                "input",
+            )
+        given = request.headers.get("x-request-id")
+        rid = "embd-" + (given or uuid.uuid4().hex)
+        seqs = [
+            Sequence(
+                id=f"{rid}-{i}",
+                prompt_tokens=size,
+                target_tokens=1,  # the pooled output, at the end of the prefill
+                prefix_hashes=block_hashes(text, self.profile.block_size),
+            )
+            for i, (text, size) in enumerate(zip(texts, sizes, strict=True))
+        ]
+        self._submit(seqs, "input")
+        if (stopped := await self._done(request, seqs)) is not None:
+            return stopped
+        data = [
+            {
+                "index": i,
+                "object": "embedding",
+                "embedding": _embedding(text, str(model), dims, fmt),
+            }
+            for i, text in enumerate(texts)
+        ]
+        tokens = sum(sizes)
+        out = {
+            "id": rid,
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        headers = {"x-emulated-backend": self.config.id}
+        return Response(orjson.dumps(out), media_type="application/json", headers=headers)
+
+    async def _complete(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
         model = body.get("model")
         if model not in self.config.names:
             raise _Invalid(f"The model `{model}` does not exist.", "model", 404)
@@ -420,13 +522,7 @@ class Worker:
             }
         answer = _Answer(rid, str(model), chat, asked, choices, sum(sizes))
         running = [seq for seq in seqs if seq.target_tokens > 0]
-        try:
-            for seq in running:
-                self.engine.submit(seq)
-        except EngineError as exc:
-            for seq in running:
-                self.engine.cancel(seq)
-            raise _Invalid(str(exc), "max_tokens") from exc
+        self._submit(running, "max_tokens")
         if stream:
             return StreamingResponse(
                 self._stream(answer, seqs, usage_in_stream),
@@ -434,26 +530,8 @@ class Worker:
                 headers=headers,
             )
 
-        async def until_done() -> None:
-            for seq in running:
-                while (await seq.tokens.get()) is not None:
-                    pass
-
-        watch = ClientWatch()
-        watch.start(request.scope, request.receive)
-        try:
-            await until_done()
-        except asyncio.CancelledError:
-            if not watch.client_left():
-                raise
-            for seq in running:
-                self.engine.cancel(seq)
-            return Response(status_code=499)
-        finally:
-            watch.finish()
-        failed = next((seq.error for seq in seqs if seq.error), None)
-        if failed:
-            return _error(500, failed)
+        if (stopped := await self._done(request, running)) is not None:
+            return stopped
         body_out = answer.whole([seq.generated for seq in seqs], out_params)
         return Response(orjson.dumps(body_out), media_type="application/json", headers=headers)
 
@@ -564,11 +642,15 @@ class Worker:
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
-            return await worker._completion(request, chat=True)
+            return await worker._serve(request, functools.partial(worker._complete, chat=True))
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
-            return await worker._completion(request, chat=False)
+            return await worker._serve(request, functools.partial(worker._complete, chat=False))
+
+        @app.post("/v1/embeddings")
+        async def embeddings(request: Request) -> Response:
+            return await worker._serve(request, worker._embed)
 
         @app.get("/v1/models")
         async def models() -> Response:
@@ -641,6 +723,19 @@ class Worker:
             )
 
         return app
+
+
+EMBEDDING_DIMENSIONS = 256  # of the emulated pooling model's vectors
+
+
+def _embedding(text: str, model: str, dims: int, fmt: str) -> list[float] | str:
+    """`text`'s vector: drawn from its hash, cut to `dims` and scaled to unit length
+    (as a Matryoshka model's shortened vectors are), as floats or as base64 of its
+    little-endian float32s (what OpenAI's `base64` format carries)."""
+    rng = np.random.default_rng(stable_hash(model + "\x00" + text))
+    v = rng.standard_normal(EMBEDDING_DIMENSIONS)[:dims]
+    v = (v / np.linalg.norm(v)).astype("<f4")
+    return base64.b64encode(v.tobytes()).decode("ascii") if fmt == "base64" else v.tolist()
 
 
 class _Answer:

@@ -417,3 +417,43 @@ def test_a_plain_answer_to_a_stream_fails_at_its_first_byte(
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
     r = httpx.post(url + CHAT, json=body, timeout=60)
     assert r.status_code == 502 and "not server-sent events" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        response(200, orjson.dumps({"id": "embd-someone-else", "object": "list", "data": []})),
+        _named_stream("embd-mine"),  # events, where a whole answer was due
+    ],
+    ids=["named-for-another", "streamed"],
+)
+def test_an_embedding_that_is_not_this_requests_goes_to_the_next_backend(
+    hostile: Callable[..., HostileBackend],
+    start_worker: Start,
+    start_gateway: Start,
+    answer: bytes,
+) -> None:
+    """Embeddings are checked as completions are: another request's answer, or bytes
+    that are not a whole JSON answer, never reach the client; the request moves on to
+    the honest backend."""
+    tried: list[bytes] = []
+
+    def script(head: bytes, body: bytes, n: int) -> Play:
+        tried.append(head.split(b" ", 2)[1])
+        return Play(answer)
+
+    b = hostile(script)
+    honest, _ = start_worker()
+    url, _ = start_gateway(
+        [
+            {"url": b.url, "id": "hostile", "models": [MODEL], "echoes_request_id": True},
+            {"url": honest, "id": "honest", "echoes_request_id": True},
+        ],
+        routing={"default": {"policy": "round_robin"}},
+    )
+    body = {"model": MODEL, "input": ["a", "b"]}
+    for i in range(4):
+        r = httpx.post(url + "/v1/embeddings", json=body, headers={"x-request-id": f"mine{i}"})
+        assert r.status_code == 200 and r.headers["x-edgeroute-backend"] == "honest"
+        assert r.json()["id"] == f"embd-mine{i}" and len(r.json()["data"]) == 2
+    assert tried and set(tried) == {b"/v1/embeddings"}  # it was tried, and passed over

@@ -136,7 +136,8 @@ def test_netkv_avoids_the_congested_tier_that_cla_picks_for_its_cache(
 def test_streaming_and_the_sdk_work_disaggregated(
     start_worker: Start, start_gateway: Start, redis_server: RedisProcess
 ) -> None:
-    url, _ = setup(start_worker, start_gateway, redis_server)
+    url, gw = setup(start_worker, start_gateway, redis_server)
+    p0 = gw.pool.get("p0").config.url
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     chunks = list(
         c.chat.completions.create(
@@ -152,11 +153,21 @@ def test_streaming_and_the_sdk_work_disaggregated(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
     )
     assert r.usage is not None and r.usage.completion_tokens == 3
+    before = _prefill_seconds(p0)
     raw = c.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "x" * 4000}], max_tokens=1
+        model=MODEL, messages=[{"role": "user", "content": "x " * 16_000}], max_tokens=1
     )
-    # The prefill's round trip (~0.14 s of emulated compute) is upstream time, not overhead.
-    assert float(raw.headers["x-edgeroute-overhead-ms"]) < 50
+    # The prefill's round trip (about a second of engine time for 8,000 tokens, which
+    # at speedup 1 is at least as long on the wall) is upstream time, not overhead.
+    prefill = _prefill_seconds(p0) - before
+    assert prefill > 0.5
+    assert float(raw.headers["x-edgeroute-overhead-ms"]) / 1000 < prefill
+
+
+def _prefill_seconds(worker: str) -> float:
+    """The engine seconds of the requests `worker` has finished (its e2e histogram)."""
+    metrics = httpx.get(worker + "/metrics").text
+    return sample(metrics, "vllm:e2e_request_latency_seconds_sum")
 
 
 def test_no_feasible_decode_instance_is_a_clear_503(
@@ -244,3 +255,25 @@ def test_self_contention_lasts_until_the_first_event_not_the_response_head(
         thread.join(30)
     assert done == [200]
     wait_until(lambda: gw.transfers.counts == {})
+
+
+def test_embeddings_are_never_split_into_prefill_and_decode(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """An embedding has nothing to decode: it goes whole to a backend of role `both`,
+    and a model served only disaggregated has none to give it (a clear 503, not a
+    prefill's one-token answer dressed as an embedding)."""
+    backends = []
+    for name, role in (("p0", "prefill"), ("d0", "decode")):
+        url, _ = start_worker(role=role, instance_id=name)
+        backends.append({"url": url, "id": name, "role": role, "profile": PROFILE})
+    url, _ = start_gateway(backends)
+    body = {"model": MODEL, "input": "hi"}
+    r = httpx.post(url + "/v1/embeddings", json=body)
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert "no backend passed the 'role' filter" in r.json()["error"]["message"]
+    whole, _ = start_worker(instance_id="w0")
+    url, _ = start_gateway([*backends, {"url": whole, "id": "w0", "profile": PROFILE}])
+    r = httpx.post(url + "/v1/embeddings", json=body)
+    assert r.status_code == 200 and r.headers["x-edgeroute-backend"] == "w0"
+    assert len(r.json()["data"]) == 1

@@ -465,3 +465,32 @@ def test_ignore_eos_runs_to_max_tokens(start_worker: Start) -> None:
     assert natural["completion_tokens"] < 300 == forced["completion_tokens"]
     bad = httpx.post(url + "/v1/chat/completions", json={**body, "ignore_eos": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "ignore_eos"
+
+
+def test_embeddings_run_through_the_engine_and_refuse_what_vllm_refuses(
+    start_worker: Start,
+) -> None:
+    """Each input's prefill is engine work (its tokens counted as vLLM counts them);
+    a longer vector than the model's, or an input past its context, is a 400."""
+    from tests.support import sample
+
+    url, w = start_worker()
+    c = client(url)
+    r = c.embeddings.create(model=MODEL, input=["one two three", "four"], encoding_format="float")
+    assert r.object == "list" and [d.object for d in r.data] == ["embedding", "embedding"]
+    tokens = estimate_tokens("one two three") + estimate_tokens("four")
+    assert r.usage.prompt_tokens == r.usage.total_tokens == tokens
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "vllm:prompt_tokens_total") == tokens
+    named = httpx.post(
+        url + "/v1/embeddings",
+        json={"model": MODEL, "input": "x"},
+        headers={"x-request-id": "abc"},
+    )
+    assert named.json()["id"] == "embd-abc"  # named after the caller's id, as vLLM does
+    with pytest.raises(openai.BadRequestError) as err:
+        c.embeddings.create(model=MODEL, input="x", dimensions=257)
+    assert err.value.body["param"] == "dimensions"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        c.embeddings.create(model=MODEL, input="word " * (w.profile.max_model_len + 10))
+    assert err.value.body["param"] == "input"  # type: ignore[index]
