@@ -33,7 +33,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.serving import Listener, gateway_listener, make_server
-from gateway.settings import Settings
+from gateway.settings import BackendConfig, Settings
 from workers.engine import Sequence
 from workers.server import Worker, WorkerConfig
 
@@ -300,7 +300,9 @@ def gateway_settings(backends: list[str] | list[dict[str, Any]], **kw: Any) -> S
         "json_logs": False,
     }
     defaults.update(kw)
-    items = [b if isinstance(b, dict) else {"url": b} for b in backends]
+    items = [
+        BackendConfig.model_validate(b if isinstance(b, dict) else {"url": b}) for b in backends
+    ]
     return Settings(backends=items, **defaults)
 
 

@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -170,6 +171,23 @@ def topk(logits: Tensor, target: Tensor, k: int) -> float:
     return float((logits.topk(k, -1).indices == target.unsqueeze(-1)).any(-1).float().mean())
 
 
+class PredictorReport(TypedDict):
+    """A trained predictor's figures on the held-out prompts (`train_predictor`)."""
+
+    encoder: str
+    quality: str
+    train: int  # (prompt, model) rows
+    test: int
+    score_top1: float
+    score_top3: float
+    length_top1: float
+    length_top3: float
+    head_ms_per_request: float
+    majority_score_top1: float
+    score_corr: float  # how well the predicted expected score orders the true scores
+    majority_length_top1: float
+
+
 def train_predictor(
     data_dir: Path,
     encoder: str = "bow",
@@ -177,7 +195,7 @@ def train_predictor(
     seed: int = 0,
     out: Path | None = None,
     quality: Quality = "routerbench",
-) -> dict[str, object]:
+) -> PredictorReport:
     torch.manual_seed(seed)
     models = QUALITY_MODELS[quality]
     ds = load_dataset(data_dir, quality)
@@ -207,7 +225,7 @@ def train_predictor(
         for i in range(200):
             net(x[te[i : i + 1]], e[te[i : i + 1]])
         per_request_ms = (time.perf_counter() - started) / 200 * 1e3
-    result = {
+    result: PredictorReport = {
         "encoder": encoder,
         "quality": quality,
         "train": len(tr),
@@ -218,7 +236,6 @@ def train_predictor(
         "length_top3": topk(length, yl[te], 3),
         "head_ms_per_request": per_request_ms,
         "majority_score_top1": float(np.bincount(ds.score[te]).max() / len(te)),
-        # how well the predicted expected score orders the true scores, bucket or not
         "score_corr": float(np.corrcoef(expected(s).numpy(), ds.score[te])[0, 1]),
         "majority_length_top1": float(np.bincount(ds.length[te]).max() / len(te)),
     }
@@ -245,9 +262,11 @@ def compare_encoders(
     variant, and write both beside the paper's figures to bench/results/."""
     from edgeroute.results_io import write
 
-    rows: list[dict[str, object]] = [train_predictor(data_dir, "bow", epochs, seed, out, quality)]
+    rows: list[dict[str, object]] = [
+        dict(train_predictor(data_dir, "bow", epochs, seed, out, quality))
+    ]
     if minilm:
-        rows.append(train_predictor(data_dir, "minilm", epochs, seed, quality=quality))
+        rows.append(dict(train_predictor(data_dir, "minilm", epochs, seed, quality=quality)))
     rows.append({"encoder": "paper (DistilBERT, BERTScore)", **PAPER})
     cols = [
         "encoder",

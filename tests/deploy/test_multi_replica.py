@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,7 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
             w.kill()
 
 
-def backends(g: GatewayProcess) -> dict[str, dict[str, object]]:
+def backends(g: GatewayProcess) -> dict[str, dict[str, Any]]:
     body = httpx.get(g.url + "/admin/backends", headers=TOKEN).json()
     return {b["id"]: b for b in body["backends"]}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_results_name_the_processor_they_were_measured_on() -> None:
 
 
 def test_a_missing_value_is_a_dash_in_a_table() -> None:
-    rows = [{"a": 0.12345, "b": None}, {"a": 12345.0}]
+    rows: list[dict[str, Any]] = [{"a": 0.12345, "b": None}, {"a": 12345.0}]
     assert results_io.table(rows, ["a", "b"]).splitlines()[2:] == ["| 0.123 | - |", "| 12,345 |  |"]
 
 

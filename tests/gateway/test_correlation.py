@@ -194,8 +194,8 @@ def test_no_crossed_answers_and_no_silent_losses_under_every_fault(
         def faults() -> None:
             k = 0
             while not stop.wait(0.15):
-                a.config.fault.mode = modes[k % len(modes)]  # type: ignore[assignment]
-                b.config.fault.mode = modes[(k + 2) % len(modes)]  # type: ignore[assignment]
+                a.config.fault.mode = modes[k % len(modes)]
+                b.config.fault.mode = modes[(k + 2) % len(modes)]
                 k += 1
             a.config.fault.mode = b.config.fault.mode = "none"
 

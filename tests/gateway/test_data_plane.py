@@ -256,7 +256,7 @@ def test_request_ids_come_back_as_sent_or_are_replaced(
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     r = httpx.post(url + CHAT, json=body, headers={"x-request-id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
-    r = httpx.post(url + CHAT, json=body, headers={"x-request-id": "é-ü".encode()})
+    r = httpx.post(url + CHAT, json=body, headers=[(b"x-request-id", "é-ü".encode())])
     rid = r.headers.get_list("x-request-id")
     assert len(rid) == 1 and rid[0].isascii() and rid[0] != "é-ü"
 

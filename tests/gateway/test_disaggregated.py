@@ -22,7 +22,7 @@ Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "mistral-7b-chat"
 PROFILE = {"kv_bytes_per_token": 131072}  # the mistral-7b-chat worker profile's
-TOPOLOGY = {
+TOPOLOGY: dict[str, Any] = {
     "instances": {
         "p0": {"node": "n0", "rack": "r0", "pod": "a"},
         "dA": {"node": "n1", "rack": "r0", "pod": "a"},  # rack tier from p0

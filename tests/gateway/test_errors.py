@@ -166,7 +166,7 @@ def test_502_when_a_backend_answers_garbage(start_worker: Start, start_gateway: 
     with pytest.raises(openai.APIStatusError) as raised:
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
-        )  # type: ignore[arg-type]
+        )
     assert raised.value.status_code == 502
     assert gw.pool.get("bad").circuit.failures >= 2
     metrics = httpx.get(url + "/metrics").text

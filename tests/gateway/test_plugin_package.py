@@ -93,7 +93,10 @@ def test_an_installed_scorer_policy_and_hook_are_chosen_in_yaml_and_act(
         assert [(e["backend"], e["status"]) for e in logged] == [("w2", "200")] * 12
         assert all(e["tokens"] > 0 for e in logged)
         # The whole policy: the first pinned backend that can serve.
-        other = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
+        other: dict[str, object] = {
+            "model": "other",
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         admin = {"authorization": "Bearer plugin-token"}
         chosen = {post(gateway.url, other).headers["x-edgeroute-backend"] for _ in range(4)}
         assert chosen == {"w1"}

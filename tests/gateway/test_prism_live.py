@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +17,11 @@ Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
 MODEL = "moe"
 pytestmark = needs_data("the MoE routing data")
+
+
+def draining(gw: Any, backend: str, state: bool) -> bool:
+    """Is `backend` draining (`state` True) or serving (False) in the gateway's pool?"""
+    return bool(gw.pool.get(backend).draining) is state
 
 
 def ask(url: str, task: str) -> str:
@@ -40,7 +46,7 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
         "a": [(la, e) for la in range(32) for e in range(4)],
         "b": [(la, e) for la in range(32) for e in range(4, 8)],
     }
-    backends = []
+    backends: list[dict[str, Any]] = []
     for name, hosted in halves.items():
         url, _ = start_worker(
             profile="mixtral-8x7b-chat",
@@ -68,10 +74,10 @@ def test_a_plan_is_pushed_to_the_workers_and_requests_follow_the_map(
     # Each class runs on one worker for a while (the other drained), as after a shift.
     for busy, idle, task in (("a", "b", "gsm8k"), ("b", "a", "humaneval")):
         httpx.post(url + f"/admin/backends/{idle}/drain", headers=TOKEN)
-        wait_until(lambda i=idle: gw.pool.get(i).draining)
+        wait_until(functools.partial(draining, gw, idle, True))
         assert {ask(url, task) for _ in range(6)} == {busy}
         httpx.post(url + f"/admin/backends/{idle}/undrain", headers=TOKEN)
-        wait_until(lambda i=idle: not gw.pool.get(i).draining)
+        wait_until(functools.partial(draining, gw, idle, False))
 
     r = httpx.post(url + "/admin/prism/plan", headers=TOKEN, timeout=120)
     assert r.status_code == 200 and r.json()["adopted"]
@@ -105,7 +111,7 @@ def test_a_worker_that_refuses_its_placement_is_a_502_and_keeps_its_experts(
 ) -> None:
     # The hostile twin of the push: worker "b" refuses it (the gateway holds a wrong
     # token for it), worker "a" takes it.
-    backends = []
+    backends: list[dict[str, Any]] = []
     for name, lo, token in (("a", 0, "worker-secret"), ("b", 4, "not-the-secret")):
         hosted = [(la, e) for la in range(32) for e in range(lo, lo + 4)]
         url, _ = start_worker(
@@ -139,7 +145,7 @@ def test_a_worker_that_refuses_its_placement_is_a_502_and_keeps_its_experts(
 def test_replicas_share_the_plan_the_freeze_and_one_planner(
     start_worker: Start, start_gateway: Start, redis_server: RedisProcess
 ) -> None:
-    backends = []
+    backends: list[dict[str, Any]] = []
     for name, experts in (("a", range(4)), ("b", range(4, 8))):
         url, _ = start_worker(
             profile="mixtral-8x7b-chat",
@@ -178,7 +184,7 @@ def test_replicas_share_the_plan_the_freeze_and_one_planner(
 
 
 def moe_pool(start_worker: Start, io_gbps: float) -> list[dict[str, Any]]:
-    backends = []
+    backends: list[dict[str, Any]] = []
     for name, lo in (("a", 0), ("b", 4)):
         url, _ = start_worker(
             profile="mixtral-8x7b-chat",

@@ -12,13 +12,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support import closed_port, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 CHAT = "/v1/chat/completions"
 MODEL = "mistral-7b-chat"
-MSG = [{"role": "user", "content": "Tell me something."}]
+MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me something."}]
 
 
 def sdk(url: str) -> openai.OpenAI:
@@ -30,14 +31,14 @@ def test_openai_sdk_sync_plain_and_streaming(start_worker: Start, start_gateway:
     w2, _ = start_worker(profile="llama-2-70b-chat", served_model_names=["llama-2-70b-chat"])
     url, _ = start_gateway([w1, w2])
     c = sdk(url)
-    r = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5)  # type: ignore[arg-type]
+    r = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5)
     assert r.usage is not None and r.usage.completion_tokens == 5
     chunks = list(
         c.chat.completions.create(
             model=MODEL,
             messages=MSG,
             max_tokens=4,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -46,7 +47,7 @@ def test_openai_sdk_sync_plain_and_streaming(start_worker: Start, start_gateway:
     comp = c.completions.create(model=MODEL, prompt="Once", max_tokens=3)
     assert comp.usage is not None and comp.usage.completion_tokens == 3
     assert sorted(m.id for m in c.models.list()) == ["llama-2-70b-chat", MODEL]
-    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=1)  # type: ignore[arg-type]
+    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=1)
     assert raw.headers["x-edgeroute-backend"]
     assert float(raw.headers["x-edgeroute-overhead-ms"]) >= 0
     assert raw.headers["x-request-id"]
@@ -82,16 +83,13 @@ async def test_openai_sdk_async_plain_and_streaming(
     url, _ = start_gateway([w1])
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-any", max_retries=0)
     results = await asyncio.gather(
-        *(
-            c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=3)  # type: ignore[arg-type]
-            for _ in range(8)
-        )
+        *(c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=3) for _ in range(8))
     )
     assert all(r.usage is not None and r.usage.completion_tokens == 3 for r in results)
     stream = await c.chat.completions.create(
         model=MODEL,
         messages=MSG,
-        max_tokens=6,  # type: ignore[arg-type]
+        max_tokens=6,
         stream=True,
     )
     pieces = [ch.choices[0].delta.content async for ch in stream if ch.choices]
@@ -159,7 +157,7 @@ def test_retry_moves_to_another_backend_before_the_first_byte(
         routing={"default": {"policy": "round_robin"}},
         circuit={"failures": 100, "open_seconds": 1},
     )
-    backends = Counter()
+    backends: Counter[str] = Counter()
     for _ in range(12):
         r = httpx.post(url + CHAT, json={"model": MODEL, "messages": MSG, "max_tokens": 2})
         assert r.status_code == 200, r.text
@@ -182,7 +180,7 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_event(
         [victim.url], timeouts={"connect": 0.5, "first_byte": 5.0, "idle": 600.0, "scrape": 0.5}
     )
     c = sdk(url)
-    stream = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=200, stream=True)  # type: ignore[arg-type]
+    stream = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=200, stream=True)
     received = 0
     with pytest.raises(openai.APIError) as err:
         for _chunk in stream:

@@ -38,9 +38,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
         torch.manual_seed(0)
         net = QoSNet()
         with torch.no_grad():
-            net.head.drop[-1].bias.fill_(bias)
+            drop, expert = net.head.drop[-1], net.head.expert[-1]
+            assert isinstance(drop, torch.nn.Linear) and isinstance(expert, torch.nn.Linear)
+            drop.bias.fill_(bias)
             if name == "even":  # every backend's logit the same, whatever it sees
-                net.head.expert[-1].weight.zero_()
+                expert.weight.zero_()
         d = base / name
         export_actor(net, d / "actor.onnx")
         for f in ("predictor.onnx", "predictor.json"):

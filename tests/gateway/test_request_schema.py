@@ -10,7 +10,7 @@ from gateway.errors import GatewayError
 from gateway.request_schema import CHAT, COMPLETIONS, EMBEDDINGS, ENDPOINTS, Endpoint, validate
 
 # The least each endpoint takes.
-LEAST = {
+LEAST: dict[Endpoint, dict[str, Any]] = {
     CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     COMPLETIONS: {"model": "m", "prompt": "hi"},
     EMBEDDINGS: {"model": "m", "input": "hi"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def test_clients_close_idle_connections_before_the_gateway_does() -> None:
     assert all(c is not None and c < gateway for c in clients)
     # ... and the gateway, as a client, expires its idle connections to backends before
     # they close them: our workers, and uvicorn's servers (vLLM's) at their default.
-    uvicorn_default = uvicorn.Config(app=None).timeout_keep_alive
+    uvicorn_default = inspect.signature(uvicorn.Config).parameters["timeout_keep_alive"].default
     assert min(ClientLimits().keepalive_seconds, uvicorn_default) > UPSTREAM_KEEPALIVE
 
 

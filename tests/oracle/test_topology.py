@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from oracle.topology import Topology
+from oracle.topology import TierPair, Topology
 
 LABELS = {
     "a": {"node": "n0", "rack": "r0", "pod": "p0"},
@@ -15,7 +15,7 @@ LABELS = {
 
 
 def test_tiers_derive_from_locality_labels_and_pair_overrides() -> None:
-    t = Topology(instances=LABELS, tier_map=[{"a": "a", "b": "e", "tier": "rack"}])
+    t = Topology(instances=LABELS, tier_map=[TierPair(a="a", b="e", tier="rack")])
     assert t.tier("a", "b") == "node"
     assert t.tier("a", "c") == "rack"
     assert t.tier("a", "d") == "pod"

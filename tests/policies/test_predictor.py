@@ -9,7 +9,7 @@ import pytest
 
 from policies import PipelineSpec, build_pipeline
 from policies.plugins import PluginError
-from policies.predictor import DEFAULT_MODEL_DIR, ScorePredictor, load_predictor
+from policies.predictor import DEFAULT_MODEL_DIR, PredictedQuality, ScorePredictor, load_predictor
 from policies.types import BackendView, ClusterView, RequestInfo
 
 PROMPT = "Write a python function to count the pairs in a list whose sum equals a target."
@@ -41,20 +41,28 @@ def test_the_score_is_the_predicted_score_of_the_backends_model() -> None:
 
 
 def test_a_world_folder_brings_its_own_predictor() -> None:
-    spec = PipelineSpec(
-        policy="best_predicted",
-        scorers=[
-            {"type": "predicted_quality", "params": {"model": str(DEFAULT_MODEL_DIR / "routerdc")}}
-        ],
+    spec = PipelineSpec.model_validate(
+        {
+            "policy": "best_predicted",
+            "scorers": [
+                {
+                    "type": "predicted_quality",
+                    "params": {"model": str(DEFAULT_MODEL_DIR / "routerdc")},
+                }
+            ],
+        }
     )
     scorer = build_pipeline(spec).scorers[0][0]
+    assert isinstance(scorer, PredictedQuality)
     assert scorer.predictor.models == load_predictor(DEFAULT_MODEL_DIR / "routerdc").models
     assert scorer.predictor.models != load_predictor(DEFAULT_MODEL_DIR).models
     with pytest.raises((PluginError, ValueError), match="latency_ms"):
         build_pipeline(
-            PipelineSpec(
-                policy="best_predicted",
-                scorers=[{"type": "predicted_quality", "params": {"latency_ms": 30}}],
+            PipelineSpec.model_validate(
+                {
+                    "policy": "best_predicted",
+                    "scorers": [{"type": "predicted_quality", "params": {"latency_ms": 30}}],
+                }
             )
         )
 

@@ -189,7 +189,7 @@ def test_eplb_replicates_the_hottest_experts_and_balances_the_gpus() -> None:
     assert list(copies[0]) == sorted(copies[0], reverse=True)  # copies follow load
     # Each copy carries its expert's load over its copies; in every layer the GPUs come
     # out even: none above the mean by more than one copy's load (greedy packing's bound).
-    load = sum(freq)
+    load = np.sum(freq, axis=0)
     for layer in range(layers):
         items = {e: load[layer, e] / copies[layer, e] for e in range(experts)}
         per_gpu = [
@@ -229,7 +229,7 @@ def test_smartmoe_balances_each_layer_over_the_gpus_without_copies() -> None:
     freq = [rng.dirichlet(np.full(experts, 0.3), size=layers) for _ in servers]
     p = smartmoe(servers, experts, size, freq)
     gpus = [gpu for server in p.gpus for gpu in server]
-    load = sum(freq)
+    load = np.sum(freq, axis=0)
     spread = []
     for layer in range(layers):
         held = [[e for la, e in gpu if la == layer] for gpu in gpus]

@@ -55,5 +55,6 @@ def test_completion_prompts_are_what_vllm_takes() -> None:
     assert completion_prompts([1, 2]) == [ids_text([1, 2])]
     assert completion_prompts([[1], [2, 3]]) == [ids_text([1]), ids_text([2, 3])]
     assert ids_text([0, 35, 36, 36**4 - 1]) == "0000000z0010zzzz"
+    bad: object
     for bad in ([], [[]], [1, "a"], [-1], [True], [1.0], [[1], "a"], [36**4], {"a": 1}, None):
         assert completion_prompts(bad) is None, bad

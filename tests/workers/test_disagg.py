@@ -107,9 +107,11 @@ def timed_sends(
 
 
 def test_a_lone_flow_takes_its_size_over_the_capacity() -> None:
-    assert timed_sends([10 * MB]) == (pytest.approx([0.1]), pytest.approx([0.1]))
+    seen, took = timed_sends([10 * MB])
+    assert seen == pytest.approx([0.1]) and took == pytest.approx([0.1])
     # with the engines ten times faster than real time, one tenth of the wall time
-    assert timed_sends([10 * MB], speedup=10.0) == (pytest.approx([0.01]), pytest.approx([0.1]))
+    seen, took = timed_sends([10 * MB], speedup=10.0)
+    assert seen == pytest.approx([0.01]) and took == pytest.approx([0.1])
     assert timed_sends([0.0]) == ([0.0], [0.0])
 
 

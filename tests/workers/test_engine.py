@@ -7,7 +7,7 @@ from workers.profiles import EngineProfile
 
 
 def profile(**kw: object) -> EngineProfile:
-    base = {
+    base: dict[str, object] = {
         "name": "t",
         "data_model": None,
         "base": 0.01,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from policies.text import estimate_tokens
 from tests.support import DATA_DIR, needs_data
@@ -67,10 +68,10 @@ def test_chat_streaming_chunks_done_and_usage(start_worker: Start) -> None:
 def test_text_is_deterministic_for_a_seed(start_worker: Start) -> None:
     url, _ = start_worker()
     c = client(url)
-    msgs = [{"role": "user", "content": "Same prompt."}]
-    a = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=42)  # type: ignore[arg-type]
-    b = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=42)  # type: ignore[arg-type]
-    d = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=43)  # type: ignore[arg-type]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Same prompt."}]
+    a = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=42)
+    b = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=42)
+    d = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=43)
     assert a.choices[0].message.content == b.choices[0].message.content
     assert a.choices[0].message.content != d.choices[0].message.content
 
@@ -78,15 +79,15 @@ def test_text_is_deterministic_for_a_seed(start_worker: Start) -> None:
 def test_stop_strings_are_honoured(start_worker: Start) -> None:
     url, _ = start_worker()
     c = client(url)
-    msgs = [{"role": "user", "content": "Stop test."}]
-    full = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30, seed=5)  # type: ignore[arg-type]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Stop test."}]
+    full = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30, seed=5)
     text = full.choices[0].message.content or ""
     word = text.split()[10]
     cut = c.chat.completions.create(
         model=MODEL,
         messages=msgs,
         max_tokens=30,
-        seed=5,  # type: ignore[arg-type]
+        seed=5,
         stop=[word],
     )
     assert cut.choices[0].finish_reason == "stop"
@@ -132,6 +133,7 @@ def test_completions_take_token_ids_and_batches_as_vllm_does(start_worker: Start
     whole = sdk.completions.create(model=MODEL, prompt=[ids, ids[:50], [7]], max_tokens=5)
     assert [c.text for c in whole.choices] == streamed
     assert whole.usage is not None and whole.usage.prompt_tokens == 351
+    bad: object
     for bad in ([], [1, "a"], [[]], [-3]):
         r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", bad
@@ -258,7 +260,9 @@ def test_other_prompts_draw_from_the_models_task_distribution(start_worker: Star
 
 def test_the_task_travels_in_metadata_for_routers_that_drop_headers(start_worker: Start) -> None:
     url, _ = start_worker(speedup=50.0)
-    prompt = [{"role": "user", "content": "Not from any data set, surely."}]
+    prompt: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Not from any data set, surely."}
+    ]
     raw = client(url).chat.completions.with_raw_response.create(
         model=MODEL, messages=prompt, extra_body={"metadata": {"task": "winogrande"}}
     )
@@ -286,7 +290,7 @@ def test_the_task_travels_in_metadata_for_routers_that_drop_headers(start_worker
 
 def test_n_choices_whole_and_streamed(start_worker: Start) -> None:
     url, _ = start_worker()
-    messages = [{"role": "user", "content": "Give me options."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Give me options."}]
     r = client(url).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, n=3)
     assert [c.index for c in r.choices] == [0, 1, 2]
     texts = [c.message.content for c in r.choices]
@@ -409,12 +413,12 @@ def test_response_format_json_object_and_schema(start_worker: Start) -> None:
     import jsonschema
 
     url, _ = start_worker()
-    messages = [{"role": "user", "content": "A person, as JSON."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "A person, as JSON."}]
     obj = client(url).chat.completions.create(
         model=MODEL, messages=messages, response_format={"type": "json_object"}, max_tokens=100
     )
     assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
-    schema = {
+    schema: dict[str, object] = {
         "type": "object",
         "properties": {
             "name": {"type": "string", "minLength": 2},

@@ -139,9 +139,9 @@ def test_the_pools_are_what_they_say() -> None:
 
     pd = POOLS["pd"]
     racks = {n: i["rack"] for n, i in PD_TOPOLOGY["instances"].items()}
-    prefill = {racks[m.name] for m in pd.members if m.role == "prefill"}
-    decode = {racks[m.name] for m in pd.members if m.role == "decode"}
-    assert prefill and decode and not prefill & decode
+    prefill_racks = {racks[m.name] for m in pd.members if m.role == "prefill"}
+    decode_racks = {racks[m.name] for m in pd.members if m.role == "decode"}
+    assert prefill_racks and decode_racks and not prefill_racks & decode_racks
     urls = [f"http://w{i}" for i in range(len(pd.members))]
     args = pd.peer_workers(urls, "vllm-router")
     assert args[0] == "--vllm-pd-disaggregation"

@@ -136,7 +136,9 @@ def test_running_and_waiting_follow_the_engines_count_when_it_is_fresh() -> None
     snap = snapshot(b, stale_after=5.0)
     assert (snap.running, snap.waiting) == (2, 5)
     running = queue_rows(snap, now=10.0)[0]
-    assert np.array_equal(running[:, 5], np.float32([2.0, 1.8, 0, 0, 0]))  # the oldest two
+    assert np.array_equal(
+        running[:, 5], np.array([2.0, 1.8, 0, 0, 0], np.float32)
+    )  # the oldest two
     unknown = BackendView(id="a", running=2, max_batch=5, requests=reqs)  # never scraped
     stale = snapshot(unknown, stale_after=5.0)
     assert (stale.running, stale.waiting) == (5, 2)  # no figures: cut at its batch cap
@@ -153,7 +155,7 @@ def test_a_big_engines_running_batch_is_its_own_not_the_papers() -> None:
     assert (snap.running, snap.waiting) == (12, 3)
     waiting = queue_rows(snap, now=20.0)[1]
     # the waiting rows are the 13th-15th oldest (started at 12, 13, 14 s)
-    assert np.array_equal(waiting[:, 5], np.float32([1.6, 1.4, 1.2, 0, 0]))
+    assert np.array_equal(waiting[:, 5], np.array([1.6, 1.4, 1.2, 0, 0], np.float32))
 
 
 def test_cached_features_follow_the_clock_and_a_rebuilt_view() -> None:

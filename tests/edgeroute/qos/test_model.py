@@ -197,7 +197,8 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert ckpt["step"] == 128 and len(ckpt["replay"]["action"]) > 0
     result = train(tiny(steps=256), DATA_DIR, tmp_path)
-    assert [h["step"] for h in result["history"]] == [128, 256]  # type: ignore[union-attr, index]
+    history = result["history"]
+    assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
     with pytest.raises(SystemExit, match="another config"):
         train(tiny(steps=384, lr=1e-3), DATA_DIR, tmp_path)  # not the same run
 
@@ -215,7 +216,8 @@ def test_a_checkpoint_from_before_the_fleet_setting_resumes(tmp_path: Path) -> N
     with pytest.raises(SystemExit, match="another config"):
         train(tiny(steps=256, fleet=replace(big, running_cap=5)), DATA_DIR, tmp_path)
     result = train(tiny(steps=256, fleet=big), DATA_DIR, tmp_path)
-    assert [h["step"] for h in result["history"]] == [128, 256]  # type: ignore[union-attr, index]
+    history = result["history"]
+    assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
 
 
 @needs_data("the quality data")

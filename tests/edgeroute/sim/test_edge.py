@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,14 +32,14 @@ def task(prompt: int = 100, length: int = 10, score: float = 1.0) -> Task:
     return Task("p", prompt, {MODEL: score}, {MODEL: length})
 
 
-def env_with(expert: EdgeExpert, tasks: list[Task], times: list[float], **kw: object) -> EdgeEnv:
+def env_with(expert: EdgeExpert, tasks: list[Task], times: list[float], **kw: Any) -> EdgeEnv:
     return EdgeEnv(
         [expert],
         tasks,
         arrivals=iter(Arrival(t) for t in times),
         predictor=NoisyOracle(1.0, 1.0),
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 EXPERT = EdgeExpert(MODEL, base=0.01, k1=0.0001, k2=0.00001, memory_tokens=10_000)

@@ -3,6 +3,8 @@ obeys eq. 4."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,11 @@ def test_migration_happens_only_when_it_pays() -> None:
     assert stay.migrations == []
 
 
+def fixed(placement: Placement, stats: Sequence[np.ndarray]) -> Placement:
+    """A planner that keeps `placement` whatever the statistics."""
+    return placement
+
+
 def test_a_gpu_serving_everyone_queues_and_a_copy_relieves_it() -> None:
     """Contention: when every server's calls go to one GPU, a second copy of every
     expert on another GPU (calls go to the copy that frees first) cuts latency."""
@@ -92,7 +99,7 @@ def test_a_gpu_serving_everyone_queues_and_a_copy_relieves_it() -> None:
             servers,
             shape,
             sources,
-            lambda st, p=p: p,
+            functools.partial(fixed, p),
             duration=600,
             arrival_s=30.0,
             cost=CostModel(local_expert_s=0.002, remote_load_s=0.0),

@@ -8,12 +8,11 @@ from collections import Counter
 
 from edgeroute.sim.edge import (
     MAX_TOKENS,
-    ROUTERDC_MODELS,
     load_tasks,
     routerdc_tasks,
 )
 from tests.support import DATA_DIR, needs_data
-from workers.quality import iter_samples
+from workers.quality import ROUTERDC_MODELS, iter_samples
 
 pytestmark = needs_data("RouterDC's scores in router_quality/")
 

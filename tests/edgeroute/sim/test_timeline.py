@@ -388,7 +388,8 @@ def test_the_live_engines_finish_when_the_simulator_says(seed: int) -> None:
     rng = random.Random(seed)
     i = rng.randrange(len(EXPERTS))
     budget = PROFILES[EXPERTS[i]].max_batched_tokens
-    jobs, prompts = [], 0
+    jobs: list[Job] = []
+    prompts = 0
     while True:
         prompt = rng.randint(20, 800)
         if prompts + prompt > budget:
