@@ -211,8 +211,8 @@ class Proxy:
             )
         headers = self._upstream_headers(request.scope["headers"], hdrs, rid)
         req = Incoming(hdrs, endpoint.path, raw, body, headers, model, rid, t0)
-        # An answer that does not stream needs no decode: embeddings go to one backend.
-        split = endpoint.streams and model in self.pool.pd_models
+        # Nothing generated, nothing to decode: an embedding goes to one backend whole.
+        split = endpoint.generates and model in self.pool.pd_models
         handler: Handler = self.disaggregated if split else self.direct
         return await handler.serve(req)
 

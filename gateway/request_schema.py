@@ -180,11 +180,12 @@ EMBEDDING_RULES = (
 @dataclass(frozen=True, eq=False)  # one of each: compared and hashed by identity
 class Endpoint:
     """An OpenAI endpoint the gateway forwards: its path, the rules of its body, and
-    whether its answers may stream."""
+    whether it generates tokens (only then may its answer stream, and only then is
+    there a decode to split from the prefill)."""
 
     path: str
     rules: tuple[Rule, ...]
-    streams: bool = True
+    generates: bool = True
 
     @property
     def openapi(self) -> dict[str, Any]:
@@ -193,7 +194,7 @@ class Endpoint:
 
 CHAT = Endpoint("/v1/chat/completions", CHAT_RULES)
 COMPLETIONS = Endpoint("/v1/completions", COMPLETION_RULES)
-EMBEDDINGS = Endpoint("/v1/embeddings", EMBEDDING_RULES, streams=False)
+EMBEDDINGS = Endpoint("/v1/embeddings", EMBEDDING_RULES, generates=False)
 ENDPOINTS = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}
 
 
