@@ -160,6 +160,19 @@ def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
     return value
 
 
+def _texts(body: dict[str, Any], name: str) -> list[str]:
+    """A completion's `prompt` or an embedding's `input` as texts (`completion_prompts`),
+    or a 400 naming the field."""
+    texts = completion_prompts(body.get(name))
+    if texts is None:
+        raise _Invalid(
+            f"'{name}' must be a string, a list of strings or of token ids, "
+            "or a list of lists of token ids",
+            name,
+        )
+    return texts
+
+
 def _stop_list(body: dict[str, Any]) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -357,13 +370,7 @@ class Worker:
         model = body.get("model")
         if model not in self.config.names:
             raise _Invalid(f"The model `{model}` does not exist.", "model", 404)
-        texts = completion_prompts(body.get("input"))
-        if texts is None:
-            raise _Invalid(
-                "'input' must be a string, a list of strings or of token ids, "
-                "or a list of lists of token ids",
-                "input",
-            )
+        texts = _texts(body, "input")
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise _Invalid("'encoding_format' must be float or base64", "encoding_format")
@@ -421,13 +428,7 @@ class Worker:
         if chat and not isinstance(body.get("messages"), list):
             raise _Invalid("'messages' must be a list", "messages")
         # a completion may carry a batch of prompts: n choices each, in their order
-        prompts = [prompt_text(body)] if chat else completion_prompts(body.get("prompt"))
-        if prompts is None:
-            raise _Invalid(
-                "'prompt' must be a string, a list of strings or of token ids, "
-                "or a list of lists of token ids",
-                "prompt",
-            )
+        prompts = [prompt_text(body)] if chat else _texts(body, "prompt")
         try:
             asked = read_asked(body, chat)
         except Invalid as exc:
