@@ -156,11 +156,16 @@ def hold_streams(
     model: str,
     n: int,
     stop: threading.Event,
-    max_tokens: int = 400,
+    max_tokens: int = 8000,
     content: str = "long",
     timeout: float = 30.0,
 ) -> list[threading.Thread]:
-    """`n` streamed chat requests through `url`, each held open until `stop` is set."""
+    """`n` streamed chat requests through `url`, each held open until `stop` is set.
+
+    They ignore the end of the answer, so a loaded machine that takes seconds between
+    steps of a test still finds them open: only `max_tokens` ends them (the default
+    fits every emulated engine's KV cache).
+    """
 
     def hold() -> None:
         with httpx.stream(
@@ -171,6 +176,7 @@ def hold_streams(
                 "model": model,
                 "messages": [{"role": "user", "content": content}],
                 "max_tokens": max_tokens,
+                "ignore_eos": True,
                 "stream": True,
             },
         ) as r:

@@ -65,7 +65,7 @@ def test_load_through_one_replica_steers_the_other(
         assert httpx.post(r1.url + f"/admin/backends/{name}/drain", headers=TOKEN).is_success
     wait_until(lambda: all(backends(r2)[n]["draining"] for n in "cd"), timeout=5)
     stop = threading.Event()
-    threads = hold_streams(r1.url, MODEL, 6, stop, max_tokens=2000, timeout=60)
+    threads = hold_streams(r1.url, MODEL, 6, stop, timeout=60)
     try:
         wait_until(lambda: sum(b["inflight"] for b in backends(r1).values()) == 6, timeout=10)
         for name in "cd":

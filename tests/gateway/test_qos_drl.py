@@ -137,7 +137,7 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
         return servers.call(lambda: gw.pool.view).backends
 
     stop = threading.Event()
-    threads = hold_streams(url, MODEL, 3, stop, max_tokens=200, content="Write a long story.")
+    threads = hold_streams(url, MODEL, 3, stop, content="Write a long story.")
     try:
         # The view carries the gateway's in-flight requests with their streamed progress.
         wait_until(lambda: sum(len(b.requests) for b in backends()) == 3)
