@@ -319,6 +319,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "hardware seed 0; results of their own",
     )
     qi.set_defaults(func=lambda a: _qos_impact(a))
+    qp = command("qos-pool", help="live QoS runs of one setting pooled over all their seeds")
+    qp.add_argument(
+        "runs", nargs="+", type=Path, metavar="RESULTS.json", help="`bench qos --live` results"
+    )
+    qp.add_argument("--json", help="also write the results as JSON here")
+    qp.set_defaults(func=lambda a: _qos_pool(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
     g.set_defaults(func=lambda a: _growth(a))
@@ -569,6 +575,15 @@ def _qos_impact(a: argparse.Namespace) -> None:
     models = dict(m.split("=", 1) for m in a.model)
     agents = {k: [Path(v)] for k, v in models.items()}
     main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), a.held_out_hardware)
+
+
+def _qos_pool(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_pool import NotPoolable, main
+
+    try:
+        main(a.runs, a.json)
+    except NotPoolable as exc:
+        raise SystemExit(f"edgeroute bench qos-pool: {exc}") from None
 
 
 def _growth(a: argparse.Namespace) -> None:

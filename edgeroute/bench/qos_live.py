@@ -285,6 +285,22 @@ def named(
     return name, flags + seed_flags + model_flags
 
 
+# The results table's columns, in order.
+COLUMNS = [
+    "policy",
+    "qos_ci",
+    "minus_least_load",
+    "paired_minus_agents",
+    "met_share_ci",
+    "drop_rate",
+    "latency_ms",
+    "requests",
+    "errors",
+    "busiest_share",
+    "worst_loop_lag_ms",
+]
+
+
 def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, Any]]:
     """One row per policy from the per-seed `rows` (seed, policy, its run's figures):
     intervals over seeds, each policy minus least-load seed by seed, and the first of
@@ -417,19 +433,7 @@ def main(
             "models": {k: [recorded(d) for d in v] for k, v in models.items()},
         },
         summary,
-        [
-            "policy",
-            "qos_ci",
-            "minus_least_load",
-            "paired_minus_agents",
-            "met_share_ci",
-            "drop_rate",
-            "latency_ms",
-            "requests",
-            "errors",
-            "busiest_share",
-            "worst_loop_lag_ms",
-        ],
+        COLUMNS,
         json_path,
         notes=(
             f"Through the gateway (a process of its own, on CPU {GATEWAY_CPU}): "
