@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import closed_port, sample
+from tests.support import closed_port, hold_streams, sample, wait_until
 
 Start = Callable[..., tuple[str, Any]]
 CHAT = "/v1/chat/completions"
@@ -104,20 +104,8 @@ def test_429_when_the_replica_is_at_its_inflight_limit(
     wurl, _ = start_worker(speedup=1.0)
     url, _ = start_gateway([wurl], max_inflight=1)
     release = threading.Event()
-
-    def hold() -> None:
-        with httpx.stream(
-            "POST", url + CHAT, json=chat_body(max_tokens=200, stream=True), timeout=30
-        ) as r:
-            for _ in r.iter_lines():
-                if release.is_set():
-                    break
-
-    t = threading.Thread(target=hold)
-    t.start()
+    held = hold_streams(url, MODEL, 1, release)
     try:
-        from tests.support import wait_until
-
         wait_until(
             lambda: (
                 httpx.get(url + "/metrics").text.find("edgeroute_replica_inflight_requests 1.0")
@@ -129,7 +117,7 @@ def test_429_when_the_replica_is_at_its_inflight_limit(
         assert int(r.headers["retry-after"]) >= 1
     finally:
         release.set()
-        t.join(30)
+        held[0].join(30)
 
 
 def test_503_with_retry_after_when_no_backend_can_serve(
