@@ -14,10 +14,28 @@ MAX_IDS = 256
 _WORD = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 
 
+def first_words(text: str, n: int) -> list[str]:
+    """`text`'s first `n` words and signs, lower-cased: `_WORD.findall(text.lower())[:n]`,
+    reading of a long prompt only a prefix that holds them.
+
+    The prefix ends before a space, so its last word is whole and lower-casing it
+    gives what lower-casing the whole text gives there (a capital sigma's form depends
+    on what follows it, up to the next letter or space)."""
+    size = 16 * n
+    while size < len(text):
+        cut = text.rfind(" ", 0, size)
+        if cut > 0:
+            words = _WORD.findall(text[:cut].lower())
+            if len(words) >= n:
+                return words[:n]
+        size *= 4
+    return _WORD.findall(text.lower())[:n]
+
+
 def gram_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
     """Ids in [1, VOCAB) of the first words and bigrams (the CRC-32 of their UTF-8),
     unpadded."""
-    words = _WORD.findall(text.lower())[: max_ids // 2]
+    words = first_words(text, max_ids // 2)
     grams = words + [a + " " + b for a, b in itertools.pairwise(words)]
     found = np.fromiter(map(zlib.crc32, map(str.encode, grams[:max_ids])), np.int64)
     return 1 + found % (VOCAB - 1)

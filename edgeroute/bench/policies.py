@@ -20,7 +20,7 @@ from edgeroute.bench.loadgen import percentile
 from edgeroute.results_io import Plot, write
 from oracle.topology import Topology
 from policies import PRESETS, BackendView, ClusterView, PipelineSpec, RequestInfo, build_pipeline
-from policies.text import block_hashes, stable_hash
+from policies.text import block_hashes, estimate_tokens, stable_hash
 from policies.types import InflightRequest
 
 if TYPE_CHECKING:
@@ -117,15 +117,23 @@ def timed(
 MEDIAN_PROMPT = "Write a python function to count the pairs in a list whose sum equals a target."
 
 
-def measure_qos_drl(n: int, calls: int, runs: int, policy: QoSDRL | None = None) -> dict[str, Any]:
+# A long-context prompt (about 8,000 tokens), of which the predictor reads 128 words.
+LONG_PROMPT = " ".join([MEDIAN_PROMPT] * 400)
+
+
+def measure_qos_drl(
+    n: int, calls: int, runs: int, policy: QoSDRL | None = None, prompt: str = MEDIAN_PROMPT
+) -> dict[str, Any]:
     """`qos_drl` on N experts with full queues (`full_queues`): the predictor, the
     features and the actor, as on the request path."""
     from policies.qos_drl import QoSDRL
 
     policy = policy or QoSDRL()
-    req = RequestInfo("m", 300, prompt=MEDIAN_PROMPT, now=1.0)
+    req = RequestInfo("m", estimate_tokens(prompt), prompt=prompt, now=1.0)
     return {
-        "policy": "qos_drl (full queues)",
+        "policy": "qos_drl (full queues"
+        + ("" if prompt == MEDIAN_PROMPT else f", {len(prompt):,}-character prompt")
+        + ")",
         "backends": n,
         **timed(policy.decide, [req] * calls, full_queues(policy, n), runs),
     }
@@ -178,11 +186,12 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
             row = measure(policy, n, calls if n < 512 else calls // 3, runs, seed)
             rows.append(row)
             print(f"  {policy:<17} {n:>4} backends: {row['decision_us_mean']:8.1f} us", flush=True)
-    for n in (6, 12):  # the QoS paper's sizes; the actor reads every in-flight request
-        row = measure_qos_drl(n, calls, runs)
+    # the QoS paper's sizes (the actor reads every in-flight request), and a long prompt
+    for n, prompt in ((6, MEDIAN_PROMPT), (12, MEDIAN_PROMPT), (12, LONG_PROMPT)):
+        row = measure_qos_drl(n, calls, runs, prompt=prompt)
         rows.append(row)
         print(
-            f"  {'qos_drl':<17} {n:>4} backends: {row['decision_us_mean']:8.1f} us "
+            f"  {row['policy']:<17} {n:>4} backends: {row['decision_us_mean']:8.1f} us "
             f"(p99 {row['decision_us_p99']:.0f})",
             flush=True,
         )
@@ -210,5 +219,6 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
         notes="Pure Python, one core. The request carries a 2,000-token prompt (31 blocks "
         "of 64 tokens); 30% of backends hold a random-length prefix of it. `qos_drl` "
         "(onnxruntime, one thread) decides over 6 and 12 experts, each with 5 running "
-        "and 5 waiting requests, features and predictor included.",
+        "and 5 waiting requests, features and predictor included, for a prompt of the "
+        "QoS evaluation split's median length and, at 12, one of about 8,000 tokens.",
     )

@@ -36,6 +36,20 @@ def test_ids_are_the_trained_ones_for_ascii_control_and_unicode_text() -> None:
     assert ((gram_ids("x " * 1000) >= 1) & (gram_ids("x " * 1000) < VOCAB)).all()
 
 
+def test_long_prompts_give_the_ids_of_their_whole_text() -> None:
+    """Only a prefix of a long prompt is read: where it is cut must not change a word,
+    nor how a capital sigma before the cut is lower-cased (final or not, by what
+    follows it in the whole text)."""
+    rng = random.Random(1)
+    pieces = ["word", "ΣΑΣ", "Σ.", "Σ.a", "Σ'", "İ", "x" * 300, "a.b", "\n", "  ", "!", "中文"]
+    texts = ["Σ" * 5000, "ab " * 3000 + "Σ", ("x" * 40 + "\n") * 400]
+    texts += [" ".join(rng.choices(pieces, k=rng.randint(100, 3000))) for _ in range(100)]
+    texts += ["".join(rng.choices(pieces, k=rng.randint(100, 3000))) for _ in range(100)]
+    for text in texts:
+        for max_ids in (MAX_IDS, 7, 2000):
+            assert gram_ids(text, max_ids).tolist() == reference(text, max_ids).tolist()
+
+
 def test_padded_ids() -> None:
     ids = hashed_ids("two words")
     assert ids.shape == (MAX_IDS,) and ids[:3].tolist() == gram_ids("two words").tolist()
