@@ -143,7 +143,7 @@ class Answers:
         self.pool.finished(b, up.entry)
         if status == "200":
             self.pool.finished_tokens(b, elapsed, tokens)
-        series(self.metrics.requests, model, b.id, status).inc()
+        series(self.metrics.requests, model, up.path, b.id, status).inc()
         series(self.metrics.e2e, model, b.id).observe(elapsed)
         if tokens:
             series(self.metrics.output_tokens, model, b.id).inc(tokens)

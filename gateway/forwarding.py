@@ -49,6 +49,7 @@ class Upstream:
     response: UpstreamResponse
     first: bytes  # the first body chunk (stream) or the whole body
     streaming: bool  # more chunks may follow `first`
+    path: str  # the endpoint's, as the client asked it and the backend was sent it
     entry: InflightEntry | None = None
     events: SSEScanner | None = None  # a stream's framing check and token count
     answer: Any = None  # a whole 2xx answer, parsed once (it must be JSON)
@@ -166,7 +167,7 @@ class Forwarder:
                 if dispatch is not None:
                     for hook in hooks:
                         hook.ended(dispatch, None)
-                series(self.metrics.requests, model, backend.id, "499").inc()
+                series(self.metrics.requests, model, path, backend.id, "499").inc()
                 raise
             up.entry = entry
             if dispatch is not None:
@@ -252,7 +253,7 @@ class Forwarder:
                 if echoed is not None and resp.status == 200 and not _answer_named(answer, echoed):
                     raise _mismatch(bid)
                 resp.release()
-                return Upstream(backend, resp, body, False, answer=answer)
+                return Upstream(backend, resp, body, False, path, answer=answer)
             events = SSEScanner(self.settings.limits.response_body_bytes)
             first, ok = await _first_event(resp, events, wait)
             if not ok:
@@ -267,7 +268,7 @@ class Forwarder:
             if echoed is not None and not _named(first, echoed):
                 raise _mismatch(bid)
             backend.progress_at = time.monotonic()
-            return Upstream(backend, resp, first, True, events=events)
+            return Upstream(backend, resp, first, True, path, events=events)
         except TimeoutError as exc:
             resp.close()
             raise Retryable(

@@ -49,8 +49,8 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "edgeroute_requests",
-            "Requests by model, backend and final status.",
-            ["model", "backend", "status"],
+            "Requests by model, endpoint (its path), backend and final status.",
+            ["model", "endpoint", "backend", "status"],
             registry=r,
         )
         self.e2e = Histogram(

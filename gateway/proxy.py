@@ -165,12 +165,12 @@ class Proxy:
             return await self._route(request, hdrs, endpoint, raw, body, rid, t0)
         except ClientDisconnect:
             # The client left while sending its body: nothing to answer, nothing wrong.
-            series(self.metrics.requests, model_label, "none", "499").inc()
+            series(self.metrics.requests, model_label, endpoint.path, "none", "499").inc()
             self.metrics.client_aborts.labels("upload").inc()
             log.info("client disconnected during its upload")
             return Raw(499, [], b"")
         except GatewayError as exc:
-            series(self.metrics.requests, model_label, "none", str(exc.status)).inc()
+            series(self.metrics.requests, model_label, endpoint.path, "none", str(exc.status)).inc()
             if exc.status in (502, 504):
                 log.warning("request failed", extra={"status": exc.status, "error": exc.message})
             return exc.response({"x-request-id": rid})

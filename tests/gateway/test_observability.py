@@ -38,16 +38,29 @@ def test_metrics_cover_requests_latency_overhead_decisions_and_backends(
         },
     ) as r:
         r.read()
+    httpx.post(url + "/v1/embeddings", json={"model": MODEL, "input": "hi"})
+    httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 0})
     wait_until(lambda: "edgeroute_backend_healthy" in httpx.get(url + "/metrics").text)
     text = httpx.get(url + "/metrics").text
+    chat, completions = "/v1/chat/completions", "/v1/completions"
     for series in (
-        f'edgeroute_requests_total{{backend="w0",model="{MODEL}",status="200"}} 2.0',
-        f'edgeroute_request_duration_seconds_count{{backend="w0",model="{MODEL}"}} 2.0',
+        # requests by endpoint: each path counted apart, a refused body under its own
+        f'edgeroute_requests_total{{backend="w0",endpoint="{chat}",model="{MODEL}",'
+        'status="200"} 2.0',
+        f'edgeroute_requests_total{{backend="w0",endpoint="/v1/embeddings",model="{MODEL}",'
+        'status="200"} 1.0',
+        f'edgeroute_requests_total{{backend="w0",endpoint="{completions}",model="{MODEL}",'
+        'status="200"} 1.0',
+        # (a body refused is not trusted to name a model)
+        f'edgeroute_requests_total{{backend="none",endpoint="{completions}",model="unknown",'
+        'status="400"} 1.0',
+        f'edgeroute_request_duration_seconds_count{{backend="w0",model="{MODEL}"}} 4.0',
         f'edgeroute_time_to_first_token_seconds_count{{backend="w0",model="{MODEL}"}} 1.0',
         "edgeroute_inter_token_latency_seconds_bucket",
-        "edgeroute_gateway_overhead_seconds_count 2.0",
-        'edgeroute_policy_decision_seconds_count{policy="least_load"} 2.0',
-        'edgeroute_policy_decisions_total{backend="w0",policy="least_load"} 2.0',
+        "edgeroute_gateway_overhead_seconds_count 4.0",
+        'edgeroute_policy_decision_seconds_count{policy="least_load"} 4.0',
+        'edgeroute_policy_decisions_total{backend="w0",policy="least_load"} 4.0',
         'edgeroute_backend_healthy{backend="w0"} 1.0',
         'edgeroute_backend_circuit_state{backend="w0"} 0.0',
         'edgeroute_inflight_requests{backend="w0"}',
