@@ -16,6 +16,7 @@ from typing import Any
 
 from edgeroute.bench.qos_live import COLUMNS, summarise
 from edgeroute.results_io import write
+from workers.profiles import EXPERTS
 
 # What makes two live runs one setting, besides the quality world and the models.
 SETTING = ("requests_per_seed", "rate", "speedup", "latency_ms", "scrape_ms", "max_batch")
@@ -32,10 +33,10 @@ def quality_of(command: str) -> str:
 
 
 def _setting(config: dict[str, Any]) -> dict[str, Any]:
-    # runs from before `engines` was recorded, or given no `--engines`, ran six
+    # runs from before `engines` was recorded ran qos_live's default, one per expert
     return {
         **{k: config.get(k) for k in SETTING},
-        "engines": config.get("engines") or 6,
+        "engines": config.get("engines") or len(EXPERTS),
         "quality": quality_of(config.get("command", "")),
     }
 
