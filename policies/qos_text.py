@@ -3,7 +3,6 @@ serving alike (cheap: microseconds per prompt, no tokenizer files)."""
 
 from __future__ import annotations
 
-import itertools
 import re
 import zlib
 
@@ -20,8 +19,10 @@ def first_words(text: str, n: int) -> list[str]:
 
     The prefix ends before a space, so its last word is whole and lower-casing it
     gives what lower-casing the whole text gives there (a capital sigma's form depends
-    on what follows it, up to the next letter or space)."""
-    size = 16 * n
+    on what follows it, up to the next letter or space). The first prefix tried holds
+    `n` words of English prose (about 5 characters and a space each); a text of longer
+    words is read again with a prefix four times as long, and so on."""
+    size = 8 * n
     while size < len(text):
         cut = text.rfind(" ", 0, size)
         if cut > 0:
@@ -35,10 +36,13 @@ def first_words(text: str, n: int) -> list[str]:
 def gram_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
     """Ids in [1, VOCAB) of the first words and bigrams (the CRC-32 of their UTF-8),
     unpadded."""
-    words = first_words(text, max_ids // 2)
-    grams = words + [a + " " + b for a, b in itertools.pairwise(words)]
-    found = np.fromiter(map(zlib.crc32, map(str.encode, grams[:max_ids])), np.int64)
-    return 1 + found % (VOCAB - 1)
+    words = [w.encode() for w in first_words(text, max_ids // 2)]
+    crcs = [zlib.crc32(w) for w in words]
+    # A bigram's CRC continues its first word's: no joined string is built.
+    crcs += [
+        zlib.crc32(b, zlib.crc32(b" ", crc)) for crc, b in zip(crcs[:-1], words[1:], strict=True)
+    ]
+    return 1 + np.array(crcs[:max_ids], np.int64) % (VOCAB - 1)
 
 
 def hashed_ids(text: str, max_ids: int = MAX_IDS) -> np.ndarray:
