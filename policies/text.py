@@ -49,43 +49,57 @@ def completion_prompts(prompt: Any) -> list[str] | None:
     return [p if isinstance(p, str) else ids_text(p) for p in parts]
 
 
-def prompt_parts(prompt: Any) -> list[str] | list[list[int]] | None:
+def prompt_parts(prompt: Any) -> list[str] | list[np.ndarray] | None:
     """A completion's prompts, as vLLM takes them: a string, a list of strings, a list
-    of token ids (one prompt) or a list of such lists (a batch); None for anything
-    else. Checking costs a scan of the ids at C speed, not a call per id."""
+    of token ids (one prompt) or a list of such lists (a batch), the ids as arrays;
+    None for anything else."""
     if isinstance(prompt, str):
         return [prompt]
     if not isinstance(prompt, list) or not prompt:
         return None
-    if _ids(prompt):
-        return [prompt]
-    if all(isinstance(p, str) for p in prompt) or all(_ids(p) for p in prompt):
+    one = token_ids(prompt)
+    if one is not None:
+        return [one]
+    if all(isinstance(p, str) for p in prompt):
         return prompt
-    return None
+    batch = [token_ids(p) for p in prompt]
+    found = [ids for ids in batch if ids is not None]
+    return found if len(found) == len(batch) else None
 
 
 _ID_LIMIT = 36**CHARS_PER_TOKEN  # past every tokenizer's vocabulary
+
+
+def token_ids(p: Any) -> np.ndarray | None:
+    """`p` as an int64 array if it is a non-empty list of token ids: ints (not bools)
+    in [0, _ID_LIMIT); else None. Costs two passes over the list at C speed, not a
+    call per id."""
+    if not isinstance(p, list) or not p or set(map(type, p)) != {int}:
+        return None
+    try:
+        ids = np.fromiter(p, np.int64, len(p))
+    except OverflowError:  # past int64
+        return None
+    return ids if ids.min() >= 0 and ids.max() < _ID_LIMIT else None
+
+
+# Every pair of base-36 digits, as the two ASCII bytes of one uint16, by its value:
+# an id's four digits are two pairs (CHARS_PER_TOKEN).
 _DIGITS = np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyz", np.uint8)
-_PLACES = 36 ** np.arange(CHARS_PER_TOKEN - 1, -1, -1)
+_PAIRS = np.stack(np.meshgrid(_DIGITS, _DIGITS, indexing="ij"), -1).copy().view(np.uint16)
+_PAIRS = _PAIRS.ravel()
 
 
-def _ids(p: Any) -> bool:
-    """A non-empty list of token ids: ints (not bools) in [0, _ID_LIMIT)."""
-    return (
-        isinstance(p, list)
-        and bool(p)
-        and set(map(type, p)) == {int}
-        and min(p) >= 0
-        and max(p) < _ID_LIMIT
-    )
-
-
-def ids_text(ids: list[int]) -> str:
-    """Token ids as text of CHARS_PER_TOKEN base-36 digits each: the token estimate
-    counts one token per id, and prefix blocks fall on the same ids as the engine's."""
-    digits = np.asarray(ids, np.int64)[:, None] // _PLACES % 36
-    text: str = _DIGITS[digits].tobytes().decode("ascii")
-    return text
+def ids_text(ids: np.ndarray | list[int]) -> str:
+    """Token ids (in [0, _ID_LIMIT)) as text of CHARS_PER_TOKEN base-36 digits each:
+    the token estimate counts one token per id, and prefix blocks fall on the same ids
+    as the engine's."""
+    ids = np.asarray(ids, np.int64)
+    high = ids // 36**2
+    out = np.empty((len(ids), 2), np.uint16)
+    out[:, 0] = _PAIRS[high]
+    out[:, 1] = _PAIRS[ids - high * 36**2]
+    return out.tobytes().decode("ascii")
 
 
 def last_user_text(body: Mapping[str, Any]) -> str:

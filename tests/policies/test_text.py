@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import random
+from typing import Any
+
 from policies.text import (
     block_hashes,
     completion_prompts,
@@ -56,5 +59,30 @@ def test_completion_prompts_are_what_vllm_takes() -> None:
     assert completion_prompts([[1], [2, 3]]) == [ids_text([1]), ids_text([2, 3])]
     assert ids_text([0, 35, 36, 36**4 - 1]) == "0000000z0010zzzz"
     bad: object
-    for bad in ([], [[]], [1, "a"], [-1], [True], [1.0], [[1], "a"], [36**4], {"a": 1}, None):
+    bad_lists: tuple[list[Any], ...] = (
+        [],
+        [[]],
+        [1, "a"],
+        [-1],
+        [True],
+        [1, False],
+        [1.0],
+        [[1], "a"],
+        [[1], [2, None]],
+    )
+    too_big: tuple[list[Any], ...] = ([36**4], [1 << 63], [1 << 100], [[1], [-(1 << 64)]])
+    for bad in (*bad_lists, *too_big, {"a": 1}, None):
         assert completion_prompts(bad) is None, bad
+
+
+def test_token_ids_are_spelled_as_four_base_36_digits() -> None:
+    def spelled(i: int) -> str:
+        return "".join(
+            "0123456789abcdefghijklmnopqrstuvwxyz"[i // 36**k % 36] for k in (3, 2, 1, 0)
+        )
+
+    rng = random.Random(0)
+    ids = [0, 1, 35, 36, 36**2 - 1, 36**2, 36**3, 36**4 - 1]
+    ids += [rng.randrange(36**4) for _ in range(3000)]
+    assert ids_text(ids) == "".join(map(spelled, ids))
+    assert completion_prompts(ids) == ["".join(map(spelled, ids))]
