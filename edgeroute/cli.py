@@ -252,6 +252,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         envs=args.envs,
         update_every=args.update_every,
         batch=args.batch,
+        buffer=args.buffer,
         eval_every=args.eval_every,
         select_on=args.select_on,
         seed=args.seed,
@@ -466,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--update-every", type=int, default=t.update_every, help="env steps per SAC update"
     )
     q.add_argument("--batch", type=int, default=t.batch, help="samples per SAC update")
+    q.add_argument(
+        "--buffer", type=int, default=t.buffer, help="transitions the replay keeps, newest first"
+    )
     q.add_argument("--experts", type=int, default=t.experts, help="N, the expert servers")
     q.add_argument("--rate", type=float, default=t.rate, help="Poisson arrivals per second")
     q.add_argument("--latency-ms", type=float, default=t.latency_ms, help="L, per token")

@@ -156,6 +156,9 @@ class TrainConfig:
     envs: int = 16
     update_every: int = 16  # environment steps per SAC update
     batch: int = 256
+    # Transitions the replay keeps, the newest replacing the oldest (the whole run at
+    # `steps`).
+    buffer: int = 50_000
     eval_every: int = 10_000
     eval_episodes: int = 4
     # Checkpoints are chosen on `eval_episodes` episodes of the default setting, or
@@ -175,6 +178,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.episode_len < 1:
             raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
+        if self.buffer < 1:
+            raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.impact == "hindsight" and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError("the hindsight impact is credited per request (credit 'request')")
@@ -191,6 +196,7 @@ class TrainConfig:
             layers=self.layers,
             lr=self.lr,
             batch=self.batch,
+            buffer=self.buffer,
             target_entropy_ratio=self.target_entropy_ratio,
             init_alpha=self.init_alpha,
             drop=self.drop,

@@ -191,6 +191,17 @@ def test_no_drop_trains_without_the_drop_action() -> None:
         train_config(parser.parse_args(["train", "qos", "--episode-len", "0"]))
 
 
+def test_the_replay_size_reaches_the_learner() -> None:
+    from edgeroute.cli import train_config
+
+    parser = build_parser()
+    assert train_config(parser.parse_args(["train", "qos"])).sac().buffer == 50_000
+    whole = train_config(parser.parse_args(["train", "qos", "--buffer", "150000"]))
+    assert whole.buffer == 150_000 and whole.sac().buffer == 150_000
+    with pytest.raises(ValueError, match="at least one transition"):
+        train_config(parser.parse_args(["train", "qos", "--buffer", "0"]))
+
+
 @pytest.mark.parametrize(
     ("flag", "bad"),
     [
