@@ -86,8 +86,11 @@ def token_ids(p: Any) -> np.ndarray | None:
 # Every pair of base-36 digits, as the two ASCII bytes of one uint16, by its value:
 # an id's four digits are two pairs (CHARS_PER_TOKEN).
 _DIGITS = np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyz", np.uint8)
-_PAIRS = np.stack(np.meshgrid(_DIGITS, _DIGITS, indexing="ij"), -1).copy().view(np.uint16)
-_PAIRS = _PAIRS.ravel()
+_PAIRS = (
+    np.stack(np.meshgrid(_DIGITS, _DIGITS, indexing="ij"), -1)  # [36, 36, 2] bytes
+    .view(np.uint16)  # [36, 36, 1]
+    .ravel()  # by the pair's value, 36 x first digit + second
+)
 
 
 def ids_text(ids: np.ndarray | list[int]) -> str:
