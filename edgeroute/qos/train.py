@@ -34,7 +34,7 @@ from edgeroute.qos.config import (
     current_shape,
     quality_dir,
 )
-from edgeroute.qos.evaluate import evaluate, shortest_queue
+from edgeroute.qos.evaluate import Policy, evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.results_io import git
@@ -171,6 +171,11 @@ def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
     }
 
 
+def acting(sac: SAC, greedy: bool, rng: np.random.Generator) -> Policy:
+    """The actor as a policy: its most likely action, or (`greedy` False) a draw."""
+    return lambda env, i: sac.act(env.observe(), greedy, rng)
+
+
 def source_commit() -> str:
     """The checkout's commit, marked `-dirty` when its tracked files differ from it."""
     head = git("rev-parse", "--short", "HEAD")
@@ -262,9 +267,22 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         if step >= next_eval or step >= cfg.steps:
             t0 = time.perf_counter()
             next_eval += cfg.eval_every
-            score = eval_score(eval_env, cfg, lambda e, i: sac.act(e.observe(), True, rng))
+            score = eval_score(eval_env, cfg, acting(sac, True, rng))
+            # The same episodes acted by draws from the policy, as it acts in training: a
+            # policy whose argmax herds onto one expert can still draw well. Its own
+            # generator, so that training goes on as it would without it.
+            draws = np.random.default_rng((cfg.seed, step))
+            drawn = eval_score(eval_env, cfg, acting(sac, False, draws))
             elapsed = time.time() - started
-            history.append({"step": step, "seconds": round(elapsed, 1), **score, **last_log})
+            history.append(
+                {
+                    "step": step,
+                    "seconds": round(elapsed, 1),
+                    **score,
+                    "qos_drawn": drawn["qos"],
+                    **last_log,
+                }
+            )
             mark = ""
             if score["qos"] > best:
                 best = score["qos"]
@@ -286,7 +304,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             spent["evaluation and checkpoints"] += time.perf_counter() - t0
             print(
                 f"step {step:>7}  {step / elapsed:6.0f} steps/s  eval QoS {score['qos']:.3f} "
-                f"(SQF {reference['qos']:.3f})  drops {score['drop_rate']:.1%}  "
+                f"(drawn {drawn['qos']:.3f}, SQF {reference['qos']:.3f})  "
+                f"drops {score['drop_rate']:.1%}  "
                 f"alpha {last_log.get('alpha', float('nan')):.3f}  "
                 f"entropy {last_log.get('entropy', float('nan')):.2f}{mark}",
                 flush=True,

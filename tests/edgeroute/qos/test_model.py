@@ -20,6 +20,7 @@ from edgeroute.qos.config import (
     quality_flag,
     quality_suffix,
 )
+from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, train
@@ -147,6 +148,47 @@ def test_a_tiny_training_run_trains_exports_and_checks_parity(tmp_path: Path, qu
     history = result["history"]
     assert isinstance(history, list) and len(history) == 2
     assert all(np.isfinite(h["loss_q"]) for h in history)
+
+
+@needs_data("the quality data")
+def test_the_evaluation_by_draws_leaves_training_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each evaluation is also acted by draws from the policy (`qos_drawn`), on a
+    generator of its own: a run whose drawn evaluations act not at all must train the
+    same actor and evaluate it the same by argmax."""
+    from edgeroute.qos import train as training
+
+    cfg = tiny(select_on="default")
+    measured = train(cfg, DATA_DIR, tmp_path / "measured")
+    history = typing.cast(list[dict[str, float]], measured["history"])
+    assert all(0 <= h["qos_drawn"] <= 1 for h in history)
+
+    real_acting, real_eval = training.acting, training.eval_score
+    drawn_policies = []
+
+    def acting(sac: typing.Any, greedy: bool, rng: np.random.Generator) -> Policy:
+        policy = real_acting(sac, greedy, rng)
+        if not greedy:
+            drawn_policies.append(policy)
+        return policy
+
+    def eval_score(env: typing.Any, c: TrainConfig, policy: Policy) -> dict[str, float]:
+        if policy in drawn_policies:
+            return {"qos": 0.0, "latency_ms": 0.0, "drop_rate": 0.0}
+        return real_eval(env, c, policy)
+
+    monkeypatch.setattr(training, "acting", acting)
+    monkeypatch.setattr(training, "eval_score", eval_score)
+    skipped = train(cfg, DATA_DIR, tmp_path / "skipped")
+    assert len(drawn_policies) == len(history)
+    without = typing.cast(list[dict[str, float]], skipped["history"])
+    assert [h["qos"] for h in without] == [h["qos"] for h in history]
+    runs = ("measured", "skipped")
+    a, b = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=False) for run in runs)
+    assert (a["replay"]["action"] == b["replay"]["action"]).all()  # every action taken
+    critic_a, critic_b = a["sac"]["critic"], b["sac"]["critic"]
+    assert all(torch.equal(critic_a[k], critic_b[k]) for k in critic_a)
 
 
 @needs_data("the quality data")
