@@ -272,6 +272,14 @@ def cmd_qos_card(args: argparse.Namespace) -> None:
     write_card(Path(args.model_dir), Path(args.data_dir) if args.data_dir else default_data_dir())
 
 
+def cmd_qos_curves(args: argparse.Namespace) -> None:
+    from edgeroute.qos.card import write_curves
+    from edgeroute.results_io import RESULTS
+
+    runs = Path(args.runs)
+    write_curves(runs, RESULTS / f"qos_training_{args.name or runs.name}.png")
+
+
 def cmd_train_moe_lm(args: argparse.Namespace) -> None:
     import json
 
@@ -553,6 +561,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )
     qc.set_defaults(func=cmd_qos_card)
+
+    qv = which.add_parser(
+        "qos-curves",
+        help="plot the learning curves of the QoS runs in a folder (argmax solid, draws dotted)",
+        formatter_class=DefaultsHelp,
+    )
+    qv.add_argument("runs", help="a folder of runs, each with its training.json")
+    qv.add_argument(
+        "--name", help="the plot is bench/results/qos_training_NAME.png (default: the folder's)"
+    )
+    qv.set_defaults(func=cmd_qos_curves)
 
     pr = which.add_parser(
         "predictors",

@@ -92,6 +92,16 @@ def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
     save_figure(fig, out)
 
 
+def write_curves(runs_dir: Path, out: Path) -> Path:
+    """The learning curves of every run under `runs_dir` (its `*/training.json`), as the
+    model card draws them, written to `out`."""
+    runs = runs_of(runs_dir)
+    if not runs:
+        raise SystemExit(f"no training records in {runs_dir}")
+    plot_curves(runs, out)
+    return out
+
+
 def write_card(model_dir: Path, data_dir: Path) -> Path:
     runs = runs_of(model_dir / "runs")
     if not runs:
