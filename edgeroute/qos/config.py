@@ -91,8 +91,9 @@ def latency_range(config: dict[str, Any]) -> str:
 def current_shape(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded training config (a record's or a checkpoint's) in today's shape:
     configs from before the fleet was one setting hold its fields flat; those from
-    before the drop action was optional had it."""
-    config = {"drop": True, **config}
+    before the drop action was optional had it; those from before the replay's size
+    was a setting kept SACConfig's."""
+    config = {"drop": True, "buffer": SACConfig.buffer, **config}
     if "fleet" in config:
         return config
     flat = {f.name for f in fields(Fleet)}
@@ -158,7 +159,7 @@ class TrainConfig:
     batch: int = 256
     # Transitions the replay keeps, the newest replacing the oldest (the whole run at
     # `steps`).
-    buffer: int = 50_000
+    buffer: int = SACConfig.buffer
     eval_every: int = 10_000
     eval_episodes: int = 4
     # Checkpoints are chosen on `eval_episodes` episodes of the default setting, or

@@ -263,6 +263,21 @@ def test_a_checkpoint_from_before_the_fleet_setting_resumes(tmp_path: Path) -> N
 
 
 @needs_data("the quality data")
+def test_a_checkpoint_from_before_the_replay_size_setting_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before the replay's size was a setting do not name it; such a
+    run carries on with the size it had, and not with another."""
+    train(tiny(steps=128), DATA_DIR, tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    ckpt["config"] = {k: v for k, v in ckpt["config"].items() if k != "buffer"}
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    with pytest.raises(SystemExit, match="another config"):
+        train(tiny(steps=256, buffer=1000), DATA_DIR, tmp_path)
+    result = train(tiny(steps=256), DATA_DIR, tmp_path)
+    history = result["history"]
+    assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
+
+
+@needs_data("the quality data")
 def test_a_decision_is_credited_with_its_own_requests_qos(tmp_path: Path) -> None:
     """Per-request credit: a routed request's transition waits for it to finish and
     then carries its QoS less the impact penalty; a drop is stored at once at 0."""
