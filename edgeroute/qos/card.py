@@ -79,14 +79,14 @@ def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
         if all(q is not None for q in drawn):  # records before it was measured lack it
             ax.plot(steps, drawn, color=colours.get(variant), lw=1, ls=":")
     if any("qos_drawn" in h for run in runs.values() for h in run["history"]):
-        ax.plot([], [], color="grey", lw=1, ls=":", label="acting by draws")
+        ax.plot([], [], color="grey", lw=1, ls=":", label="by draws (solid: argmax)")
     sqf = [run["sqf_eval_qos"] for run in runs.values()]
     if sqf:
         ax.axhline(statistics.fmean(sqf), color="k", ls="--", lw=1, label="SQF")
     for variant, colour in colours.items():
         ax.plot([], [], color=colour, label=variant)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("eval QoS (training hardware and prompts; solid: argmax)")
+    ax.set_ylabel("eval QoS (training hardware and prompts)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, out)
