@@ -21,7 +21,6 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -153,7 +152,7 @@ def eval_settings(cfg: TrainConfig) -> list[tuple[float, float]]:
     ]
 
 
-def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Any) -> dict[str, float]:
+def eval_score(env: EdgeEnv, cfg: TrainConfig, policy: Policy) -> dict[str, float]:
     """Episodes on training hardware and prompts (hardware seeds 1, 2, ...): what
     checkpoints are chosen by, so the held-out splits stay unseen."""
     scores = []
