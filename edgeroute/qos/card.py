@@ -53,12 +53,53 @@ def runs_of(runs_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def plateau(history: list[dict[str, Any]]) -> float:
-    """Mean eval QoS of the last third of the evaluations less that of the middle
-    third: near 0 once the curve has flattened."""
-    q = [h["qos"] for h in history]
+def plateau(history: list[dict[str, Any]], key: str = "qos") -> float | None:
+    """Mean eval QoS (`key`: by argmax, or "qos_drawn" by draws) of the last third of
+    the evaluations less that of the middle third: near 0 once the curve has flattened;
+    None if the record lacks that curve (runs before it was measured)."""
+    if any(h.get(key) is None for h in history):
+        return None
+    q = [h[key] for h in history]
     k = max(1, len(q) // 3)
     return statistics.fmean(q[-k:]) - statistics.fmean(q[-2 * k : -k] or q[:k])
+
+
+def _commits(runs: dict[str, dict[str, Any]], key: str) -> str:
+    return ", ".join(f"`{c}`" for c in sorted({r[key] for r in runs.values() if key in r}))
+
+
+def trained_at(runs: dict[str, dict[str, Any]]) -> str:
+    """Where the runs were trained; for runs rebuilt since (records that name the commit
+    they were first trained at), both commits."""
+    first = _commits(runs, "first_trained_at")
+    if not first:
+        return f"- Trained at commit {_commits(runs, 'commit') or '`unknown`'}"
+    return (
+        f"- Trained at commit {first}, and rebuilt at {_commits(runs, 'commit')} with every "
+        "actor weight and every argmax evaluation equal to the first training's "
+        "(`rebuild_note` in each record; the records are the rebuilds', which add the "
+        "evaluation by draws)"
+    )
+
+
+def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The card's table of runs: budget, speed, best evaluation, and how flat each
+    curve's end is, by argmax and by draws."""
+    lines = [
+        "| run | steps | minutes | steps/s | best eval QoS | SQF, same eval | last-third "
+        "minus middle-third | the same, by draws | ONNX parity |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, run in runs.items():
+        flat = [plateau(run["history"], key) for key in ("qos", "qos_drawn")]
+        lines.append(
+            f"| {name} | {run['history'][-1]['step']} | {run['seconds'] / 60:.1f} | "
+            f"{run.get('steps_per_second', 0):.0f} | {run['best_eval_qos']:.3f} | "
+            f"{run['sqf_eval_qos']:.3f} | "
+            + " | ".join("not measured" if f is None else f"{f:+.3f}" for f in flat)
+            + f" | {run['onnx_parity_max_abs']:.1e} |"
+        )
+    return lines
 
 
 def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
@@ -138,8 +179,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "",
         "## How it was trained",
         "",
-        "- Trained at commit "
-        + ", ".join(f"`{c}`" for c in sorted({r.get("commit", "unknown") for r in runs.values()}))
+        trained_at(runs)
         + "; "
         + (
             "the actors were then re-exported with the current graph, same weights "
@@ -176,18 +216,14 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "",
         "## Runs",
         "",
-        "| run | steps | minutes | steps/s | best eval QoS | SQF, same eval | last-third "
-        "minus middle-third | ONNX parity |",
-        "|---|---|---|---|---|---|---|---|",
+        *runs_table(runs),
+        "",
+        f"Learning curves: `edgeroute/bench/results/qos_training{suffix}.png` (solid by the",
+        "argmax, which checkpoints are chosen and served by; dotted by draws from the same",
+        "policy, where the record has them: the argmax curve can dip where the policy has",
+        "not, when its most likely action sends most requests to one expert).",
+        "",
     ]
-    for name, run in runs.items():
-        lines.append(
-            f"| {name} | {run['history'][-1]['step']} | {run['seconds'] / 60:.1f} | "
-            f"{run.get('steps_per_second', 0):.0f} | {run['best_eval_qos']:.3f} | "
-            f"{run['sqf_eval_qos']:.3f} | {plateau(run['history']):+.3f} | "
-            f"{run['onnx_parity_max_abs']:.1e} |"
-        )
-    lines += ["", f"Learning curves: `edgeroute/bench/results/qos_training{suffix}.png`.", ""]
     bench = _json(RESULTS / f"qos{suffix}.json")
     if bench:
         lines += [

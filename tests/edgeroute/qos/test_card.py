@@ -43,3 +43,45 @@ def test_curves_draw_each_run_by_argmax_and_by_draws_where_recorded(
 def test_a_folder_without_records_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no training records"):
         card.write_curves(tmp_path, tmp_path / "curves.png")
+
+
+def run_record(qos: list[float], drawn: list[float] | None, **extra: Any) -> dict[str, Any]:
+    history = [
+        {"step": 10_000 * (i + 1), "qos": q, **({"qos_drawn": drawn[i]} if drawn else {})}
+        for i, q in enumerate(qos)
+    ]
+    return {
+        "history": history,
+        "seconds": 600.0,
+        "steps_per_second": 250.0,
+        "best_eval_qos": max(qos),
+        "sqf_eval_qos": 0.38,
+        "onnx_parity_max_abs": 1e-5,
+        **extra,
+    }
+
+
+def test_the_runs_table_measures_both_curves_ends_where_recorded() -> None:
+    # Six evaluations: thirds of two. The argmax dips in the last third, the draws do not.
+    argmax = [0.3, 0.3, 0.4, 0.4, 0.1, 0.2]
+    drawn = [0.3, 0.3, 0.35, 0.35, 0.36, 0.34]
+    lines = card.runs_table(
+        {"dsa-s1": run_record(argmax, drawn), "dsa-s0": run_record(argmax, None)}
+    )
+    header, rule, new, old = lines
+    assert header.count("|") == rule.count("|") == new.count("|") == old.count("|")
+    cells = [c.strip() for c in new.split("|")[1:-1]]
+    assert cells[0] == "dsa-s1" and cells[1] == "60000" and cells[4] == "0.400"
+    assert cells[6:8] == ["-0.250", "+0.000"]  # (0.1+0.2)/2 - 0.4, and 0.35 - 0.35
+    assert [c.strip() for c in old.split("|")[7:9]] == ["-0.250", "not measured"]
+
+
+def test_rebuilt_runs_name_both_commits() -> None:
+    first = {"a": run_record([0.3], None, commit="fd92371")}
+    assert card.trained_at(first) == "- Trained at commit `fd92371`"
+    rebuilt = {
+        name: run_record([0.3], [0.3], commit="ec3a616", first_trained_at="fd92371")
+        for name in ("a", "b")
+    }
+    line = card.trained_at(rebuilt)
+    assert line.startswith("- Trained at commit `fd92371`, and rebuilt at `ec3a616` ")
