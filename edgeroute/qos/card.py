@@ -69,17 +69,23 @@ def _commits(runs: dict[str, dict[str, Any]], key: str) -> str:
 
 
 def trained_at(runs: dict[str, dict[str, Any]]) -> str:
-    """Where the runs were trained; for runs rebuilt since (records that name the commit
-    they were first trained at), both commits."""
+    """Where the runs were trained, how their actors were exported, and for runs
+    rebuilt since (records that name the commit they were first trained at) where."""
     first = _commits(runs, "first_trained_at")
-    if not first:
-        return f"- Trained at commit {_commits(runs, 'commit') or '`unknown`'}"
-    return (
-        f"- Trained at commit {first}, and rebuilt at {_commits(runs, 'commit')} with every "
-        "actor weight and every argmax evaluation equal to the first training's "
-        "(`rebuild_note` in each record; the records are the rebuilds', which add the "
-        "evaluation by draws)"
+    line = f"- Trained at commit {first or _commits(runs, 'commit') or '`unknown`'}; " + (
+        "the actors were then re-exported with the current graph, same weights "
+        "(`reexport_note` and `reexport_parity_max_abs` in each record)"
+        if any("reexport_note" in r for r in runs.values())
+        else "exported as trained"
     )
+    if first:
+        line += (
+            f". Rebuilt at {_commits(runs, 'commit')}: every actor weight and every argmax "
+            "evaluation equal to the first training's (`rebuild_note` in each record); "
+            "the records are the rebuilds', which add the evaluation by draws, and the "
+            "actors the first training's"
+        )
+    return line
 
 
 def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -179,15 +185,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "",
         "## How it was trained",
         "",
-        trained_at(runs)
-        + "; "
-        + (
-            "the actors were then re-exported with the current graph, same weights "
-            "(`reexport_note` and `reexport_parity_max_abs` in each record)"
-            if any("reexport_note" in r for r in runs.values())
-            else "exported as trained"
-        )
-        + f". Training code last changed at `{_commit()}`.",
+        trained_at(runs) + f". Training code last changed at `{_commit()}`.",
         f"- Each run: `edgeroute train qos{flag}{selection} --variant V --seed S --steps "
         f"{cfg['steps']} --out {folder}/runs/V-sS` (the other settings are the defaults",
         f"  of `edgeroute/qos/config.py`); then `cp {folder}/runs/"

@@ -78,10 +78,12 @@ def test_the_runs_table_measures_both_curves_ends_where_recorded() -> None:
 
 def test_rebuilt_runs_name_both_commits() -> None:
     first = {"a": run_record([0.3], None, commit="fd92371")}
-    assert card.trained_at(first) == "- Trained at commit `fd92371`"
+    assert card.trained_at(first) == "- Trained at commit `fd92371`; exported as trained"
     rebuilt = {
         name: run_record([0.3], [0.3], commit="ec3a616", first_trained_at="fd92371")
         for name in ("a", "b")
     }
     line = card.trained_at(rebuilt)
-    assert line.startswith("- Trained at commit `fd92371`, and rebuilt at `ec3a616` ")
+    assert line.startswith(
+        "- Trained at commit `fd92371`; exported as trained. Rebuilt at `ec3a616`:"
+    )
