@@ -280,6 +280,24 @@ def cmd_qos_curves(args: argparse.Namespace) -> None:
     write_curves(runs, RESULTS / f"qos_training_{args.name or runs.name}.png")
 
 
+def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
+    from edgeroute.qos.rebuild import adopt, compare, run_pairs
+
+    differ = 0
+    for name, committed, rebuilt in run_pairs(Path(args.committed), Path(args.rebuilt)):
+        found = (adopt if args.adopt else compare)(committed, rebuilt)
+        differ += not found.same
+        verdict = "the same run" if found.same else "another run"
+        print(
+            f"{name}: {verdict} (weights equal: {found.weights}, evaluations equal: "
+            f"{found.history}, config equal: {found.config}; best evaluation "
+            f"{found.best[0]:.4f} committed, {found.best[1]:.4f} rebuilt)"
+            + ("; record replaced by the rebuild's" if args.adopt and found.same else "")
+        )
+    if differ:
+        raise SystemExit(1)
+
+
 def cmd_train_moe_lm(args: argparse.Namespace) -> None:
     import json
 
@@ -572,6 +590,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", help="the plot is bench/results/qos_training_NAME.png (default: the folder's)"
     )
     qv.set_defaults(func=cmd_qos_curves)
+
+    qr = which.add_parser(
+        "qos-rebuilt",
+        help="whether runs trained again are the committed runs (weights, config and every "
+        "argmax evaluation equal); exits 1 if any is not",
+        formatter_class=DefaultsHelp,
+    )
+    qr.add_argument("committed", help="a committed run, or a folder of runs")
+    qr.add_argument("rebuilt", help="its rebuild, or a folder of runs of the same names")
+    qr.add_argument(
+        "--adopt",
+        action="store_true",
+        help="replace each committed record by its rebuild's where the run is the same "
+        "(the committed actor.onnx is kept)",
+    )
+    qr.set_defaults(func=cmd_qos_rebuilt)
 
     pr = which.add_parser(
         "predictors",

@@ -1,0 +1,102 @@
+"""`edgeroute train qos-rebuilt`: whether a run trained again is the committed run.
+
+Issue 17 asks that `train qos` at the current commit rebuild the committed model. A
+run is the same run when its actor's weights equal the committed actor's, its config
+equals the record's, and every argmax evaluation equals the record's to the last
+digit. Then the committed record may be replaced by the rebuild's, which can carry what
+the code measures now (the evaluation by draws, `qos_drawn`); the committed actor stays.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# What a rebuild may differ in and still be the same run: its timing, and the curve
+# by draws that the first training did not measure.
+_NOT_COMPARED = frozenset({"seconds", "qos_drawn"})
+# What the committed record says of its actor file, which the rebuild keeps.
+_ACTOR_FIELDS = ("reexport_note", "reexport_parity_max_abs", "reexport_same_action")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A committed run against its rebuild."""
+
+    weights: bool  # every initializer of the two actor graphs equal, bit for bit
+    history: bool  # every evaluation equal but for its timing and its draws
+    config: bool  # every setting the committed record names equal in the rebuild's
+    best: tuple[float, float]  # best evaluation: committed, rebuilt
+
+    @property
+    def same(self) -> bool:
+        return self.weights and self.history and self.config
+
+
+def _weights(actor: Path) -> dict[str, np.ndarray]:
+    graph = onnx.load(str(actor)).graph
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def _record(run: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run / "training.json").read_text())
+    return data
+
+
+def _evaluations(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in h.items() if k not in _NOT_COMPARED} for h in record["history"]]
+
+
+def compare(committed: Path, rebuilt: Path) -> Comparison:
+    """Two run folders (each with actor.onnx and training.json)."""
+    a, b = _weights(committed / "actor.onnx"), _weights(rebuilt / "actor.onnx")
+    old, new = _record(committed), _record(rebuilt)
+    # Settings added since the first training are in the rebuild's config only; a
+    # rebuild run with their defaults trains as the first did.
+    config = all(new["config"].get(k, object()) == v for k, v in old["config"].items())
+    return Comparison(
+        weights=a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a),
+        history=_evaluations(old) == _evaluations(new),
+        config=config,
+        best=(old["best_eval_qos"], new["best_eval_qos"]),
+    )
+
+
+def run_pairs(committed: Path, rebuilt: Path) -> list[tuple[str, Path, Path]]:
+    """(name, committed run, rebuilt run): the two folders themselves if they are runs,
+    else their runs of the same names; a committed run without a rebuild is refused."""
+    if (committed / "training.json").exists():
+        return [(committed.name, committed, rebuilt)]
+    names = sorted(p.parent.name for p in committed.glob("*/training.json"))
+    if not names:
+        raise SystemExit(f"no training records in {committed}")
+    missing = [n for n in names if not (rebuilt / n / "training.json").exists()]
+    if missing:
+        raise SystemExit(f"no rebuild in {rebuilt} of: {', '.join(missing)}")
+    return [(n, committed / n, rebuilt / n) for n in names]
+
+
+def adopt(committed: Path, rebuilt: Path) -> Comparison:
+    """Replace the committed record by the rebuild's if the rebuild is the same run,
+    naming the commit it was first trained at; the committed actor.onnx is kept.
+    Returns the comparison; nothing is written unless it is the same run."""
+    found = compare(committed, rebuilt)
+    if not found.same:
+        return found
+    old, new = _record(committed), _record(rebuilt)
+    first = old.get("first_trained_at", old["commit"])
+    new["first_trained_at"] = first
+    new["rebuild_note"] = (
+        f"rebuilt at {new['commit']} with this config: every evaluation and every actor "
+        f"weight equal to the run first trained at {first} (whose actor.onnx is kept); "
+        "this record is the rebuild's"
+    )
+    new.update({k: old[k] for k in _ACTOR_FIELDS if k in old})
+    (committed / "training.json").write_text(json.dumps(new, indent=1) + "\n")
+    return found
