@@ -22,10 +22,11 @@ from edgeroute.qos.config import (
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
 
-# The card's own code is not training code.
+# The card's own code, and the rebuild check's, are not training code.
 TRAINING_CODE = (
     "edgeroute/qos",
     ":(exclude)edgeroute/qos/card.py",
+    ":(exclude)edgeroute/qos/rebuild.py",
     "edgeroute/sim/edge.py",
     "policies/qos_state.py",
 )
@@ -71,19 +72,23 @@ def _commits(runs: dict[str, dict[str, Any]], key: str) -> str:
 def trained_at(runs: dict[str, dict[str, Any]]) -> str:
     """Where the runs were trained, how their actors were exported, and for runs
     rebuilt since (records that name the commit they were first trained at) where."""
-    first = _commits(runs, "first_trained_at")
-    line = f"- Trained at commit {first or _commits(runs, 'commit') or '`unknown`'}; " + (
+    rebuilt = {k: r for k, r in runs.items() if "first_trained_at" in r}
+    first = {
+        k: {**r, "commit": r.get("first_trained_at", r.get("commit"))} for k, r in runs.items()
+    }
+    line = f"- Trained at commit {_commits(first, 'commit') or '`unknown`'}; " + (
         "the actors were then re-exported with the current graph, same weights "
         "(`reexport_note` and `reexport_parity_max_abs` in each record)"
         if any("reexport_note" in r for r in runs.values())
         else "exported as trained"
     )
-    if first:
+    if rebuilt:
+        which = "" if len(rebuilt) == len(runs) else f" ({', '.join(sorted(rebuilt))})"
         line += (
-            f". Rebuilt at {_commits(runs, 'commit')}: every actor weight and every argmax "
-            "evaluation equal to the first training's (`rebuild_note` in each record); "
-            "the records are the rebuilds', which add the evaluation by draws, and the "
-            "actors the first training's"
+            f". Rebuilt at {_commits(rebuilt, 'commit')}{which}: every actor weight and every "
+            "argmax evaluation equal to the first training's (`rebuild_note` in each "
+            "record); the records are the rebuilds', which add the evaluation by draws, "
+            "and the actors the first training's"
         )
     return line
 

@@ -87,3 +87,9 @@ def test_rebuilt_runs_name_both_commits() -> None:
     assert line.startswith(
         "- Trained at commit `fd92371`; exported as trained. Rebuilt at `ec3a616`:"
     )
+    # Some runs rebuilt, others not: the rebuilt ones are named.
+    rebuilt["c"] = run_record([0.3], None, commit="fd92371")
+    line = card.trained_at(rebuilt)
+    assert line.startswith(
+        "- Trained at commit `fd92371`; exported as trained. Rebuilt at `ec3a616` (a, b):"
+    )
