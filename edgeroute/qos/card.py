@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from edgeroute.qos.config import (
     quality_dir,
     quality_flag,
     quality_suffix,
+    read_record,
+    recorded_runs,
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
@@ -46,12 +49,7 @@ def _commit() -> str:
 
 
 def runs_of(runs_dir: Path) -> dict[str, dict[str, Any]]:
-    found = {}
-    for record in sorted(runs_dir.glob("*/training.json")):
-        data = _json(record)
-        if data is not None:
-            found[record.parent.name] = data
-    return found
+    return {run.name: read_record(run) for run in recorded_runs(runs_dir)}
 
 
 def plateau(history: list[dict[str, Any]], key: str = "qos") -> float | None:
@@ -65,18 +63,16 @@ def plateau(history: list[dict[str, Any]], key: str = "qos") -> float | None:
     return statistics.fmean(q[-k:]) - statistics.fmean(q[-2 * k : -k] or q[:k])
 
 
-def _commits(runs: dict[str, dict[str, Any]], key: str) -> str:
-    return ", ".join(f"`{c}`" for c in sorted({r[key] for r in runs.values() if key in r}))
+def _commits(commits: Iterable[str]) -> str:
+    return ", ".join(f"`{c}`" for c in sorted(set(commits)))
 
 
 def trained_at(runs: dict[str, dict[str, Any]]) -> str:
     """Where the runs were trained, how their actors were exported, and for runs
     rebuilt since (records that name the commit they were first trained at) where."""
     rebuilt = {k: r for k, r in runs.items() if "first_trained_at" in r}
-    first = {
-        k: {**r, "commit": r.get("first_trained_at", r.get("commit"))} for k, r in runs.items()
-    }
-    line = f"- Trained at commit {_commits(first, 'commit') or '`unknown`'}; " + (
+    first = (r.get("first_trained_at", r.get("commit", "unknown")) for r in runs.values())
+    line = f"- Trained at commit {_commits(first)}; " + (
         "the actors were then re-exported with the current graph, same weights "
         "(`reexport_note` and `reexport_parity_max_abs` in each record)"
         if any("reexport_note" in r for r in runs.values())
@@ -85,10 +81,10 @@ def trained_at(runs: dict[str, dict[str, Any]]) -> str:
     if rebuilt:
         which = "" if len(rebuilt) == len(runs) else f" ({', '.join(sorted(rebuilt))})"
         line += (
-            f". Rebuilt at {_commits(rebuilt, 'commit')}{which}: every actor weight and every "
-            "argmax evaluation equal to the first training's (`rebuild_note` in each "
-            "record); the records are the rebuilds', which add the evaluation by draws, "
-            "and the actors the first training's"
+            f". Rebuilt at {_commits(r['commit'] for r in rebuilt.values())}{which}: every "
+            "actor weight and every argmax evaluation equal to the first training's "
+            "(`rebuild_note` in each record); the records are the rebuilds', which add "
+            "the evaluation by draws, and the actors the first training's"
         )
     return line
 

@@ -101,11 +101,26 @@ def current_shape(config: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "fleet": asdict(Fleet.from_record(config))}
 
 
+RECORD = "training.json"  # a training run's record, in the run's folder beside its actor
+
+
+def read_record(run: Path) -> dict[str, Any]:
+    """A training run's record (`RECORD` in the folder `run`)."""
+    data: dict[str, Any] = json.loads((run / RECORD).read_text())
+    return data
+
+
+def write_record(run: Path, record: dict[str, Any]) -> None:
+    (run / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def recorded_runs(folder: Path) -> list[Path]:
+    """The runs in `folder` that have a record, by name."""
+    return sorted(p.parent for p in folder.glob(f"*/{RECORD}"))
+
+
 def _record_config(run: Path) -> dict[str, Any]:
-    record = run / "training.json"
-    config: dict[str, Any] = (
-        json.loads(record.read_text()).get("config", {}) if record.exists() else {}
-    )
+    config: dict[str, Any] = read_record(run).get("config", {}) if (run / RECORD).exists() else {}
     return config
 
 

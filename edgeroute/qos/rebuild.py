@@ -9,7 +9,6 @@ the code measures now (the evaluation by draws, `qos_drawn`); the committed acto
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from edgeroute.qos.config import RECORD, read_record, recorded_runs, write_record
 
 # What a rebuild may differ in and still be the same run: its timing, and the curve
 # by draws that the first training did not measure.
@@ -44,11 +45,6 @@ def _weights(actor: Path) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
 
 
-def _record(run: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run / "training.json").read_text())
-    return data
-
-
 def _evaluations(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in h.items() if k not in _NOT_COMPARED} for h in record["history"]]
 
@@ -56,7 +52,7 @@ def _evaluations(record: dict[str, Any]) -> list[dict[str, Any]]:
 def compare(committed: Path, rebuilt: Path) -> Comparison:
     """Two run folders (each with actor.onnx and training.json)."""
     a, b = _weights(committed / "actor.onnx"), _weights(rebuilt / "actor.onnx")
-    old, new = _record(committed), _record(rebuilt)
+    old, new = read_record(committed), read_record(rebuilt)
     # Settings added since the first training are in the rebuild's config only; a
     # rebuild run with their defaults trains as the first did.
     config = all(new["config"].get(k, object()) == v for k, v in old["config"].items())
@@ -71,12 +67,12 @@ def compare(committed: Path, rebuilt: Path) -> Comparison:
 def run_pairs(committed: Path, rebuilt: Path) -> list[tuple[str, Path, Path]]:
     """(name, committed run, rebuilt run): the two folders themselves if they are runs,
     else their runs of the same names; a committed run without a rebuild is refused."""
-    if (committed / "training.json").exists():
+    if (committed / RECORD).exists():
         return [(committed.name, committed, rebuilt)]
-    names = sorted(p.parent.name for p in committed.glob("*/training.json"))
+    names = [run.name for run in recorded_runs(committed)]
     if not names:
         raise SystemExit(f"no training records in {committed}")
-    missing = [n for n in names if not (rebuilt / n / "training.json").exists()]
+    missing = [n for n in names if not (rebuilt / n / RECORD).exists()]
     if missing:
         raise SystemExit(f"no rebuild in {rebuilt} of: {', '.join(missing)}")
     return [(n, committed / n, rebuilt / n) for n in names]
@@ -89,7 +85,7 @@ def adopt(committed: Path, rebuilt: Path) -> Comparison:
     found = compare(committed, rebuilt)
     if not found.same:
         return found
-    old, new = _record(committed), _record(rebuilt)
+    old, new = read_record(committed), read_record(rebuilt)
     first = old.get("first_trained_at", old["commit"])
     new["first_trained_at"] = first
     new["rebuild_note"] = (
@@ -98,5 +94,5 @@ def adopt(committed: Path, rebuilt: Path) -> Comparison:
         "this record is the rebuild's"
     )
     new.update({k: old[k] for k in _ACTOR_FIELDS if k in old})
-    (committed / "training.json").write_text(json.dumps(new, indent=1) + "\n")
+    write_record(committed, new)
     return found

@@ -15,7 +15,6 @@ prompts, and exports it to ONNX with a parity check.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -32,6 +31,7 @@ from edgeroute.qos.config import (
     TrainConfig,
     current_shape,
     quality_dir,
+    write_record,
 )
 from edgeroute.qos.evaluate import Policy, evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
@@ -324,7 +324,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         "steps_per_second": round(step / (time.time() - started), 1),
         "time_share": shares,
     }
-    (out / "training.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_record(out, result)
     print("time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print(
         f"best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); ONNX parity max |diff| "
