@@ -280,6 +280,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "held-out draw) rather than all on hardware seed 0; results of their own",
     )
     q.add_argument(
+        "--engine-hardware",
+        action="store_true",
+        help="simulation: every point on the live run's engine profiles (N of them cycled, "
+        "as --live --engines has them) rather than on hardware seed 0; results of their own",
+    )
+    q.add_argument(
         "--speedup",
         type=positive_factor,
         help="with --live: run the emulated engines' clock this many times faster than "
@@ -532,7 +538,7 @@ def _qos(a: argparse.Namespace) -> None:
         a.scrape_ms,
         fleet_from(a),
         serving_from(a.no_shed, a.sample),
-        a.held_out_hardware,
+        "held-out" if a.held_out_hardware else "engines" if a.engine_hardware else "seed-0",
         a.seeds,
     )
 
@@ -541,6 +547,8 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     """Why an option given to `bench qos` would do nothing in the run asked for (live or
     simulated), or None: an ignored option would let a results file claim a setting
     its run did not have."""
+    given, default = fleet_from(a), Fleet()
+    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
     if not a.live:
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),
@@ -552,12 +560,16 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
         for flag, value, why in live_only:
             if value is not None:
                 return f"{flag} is for --live runs ({why})"
+        if a.engine_hardware and a.held_out_hardware:
+            return "--engine-hardware and --held-out-hardware: each puts every point elsewhere"
+        if a.engine_hardware and changed:
+            flag = "--" + changed[0].replace("_", "-")
+            return f"{flag} does nothing with --engine-hardware (the engines' profiles are fixed)"
         return None
-    given, default = fleet_from(a), Fleet()
-    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
     simulated_only = (
         (["trace"] if a.trace is not None else [])
         + (["held_out_hardware"] if a.held_out_hardware else [])
+        + (["engine_hardware"] if a.engine_hardware else [])
         + changed
     )
     if simulated_only:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,6 +60,11 @@ PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and ev
 
 
 VARIANTS = ("full", "dsa", "baseline")
+
+# Where a simulated sweep's experts come from: hardware seed 0 at every point (with one
+# point on held-out draws and one on the live engines), the k-th held-out draw for
+# environment seed k at every point, or the live run's engine profiles at every point.
+Hardware = Literal["seed-0", "held-out", "engines"]
 
 
 def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
@@ -116,16 +121,19 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
 
 
 def variant_named(
-    base: str, first_seed: int = 1, held_out: bool = False, seeds: int | None = None
+    base: str, first_seed: int = 1, hardware: Hardware = "seed-0", seeds: int | None = None
 ) -> tuple[str, str]:
-    """The results' name and flags for other samples of a world: hardware drawn from the
-    held-out seeds at every point, environment seeds from another first one, or another
-    number of them (None: the mode's default). Results of their own, so that the
-    committed ones stay what their command says."""
+    """The results' name and flags for other samples of a world: the hardware of every
+    point (`Hardware`), environment seeds from another first one, or another number of
+    them (None: the mode's default). Results of their own, so that the committed ones
+    stay what their command says."""
     flags = ""
-    if held_out:
+    if hardware == "held-out":
         base += "_held-out-hw"
         flags += " --held-out-hardware"
+    elif hardware == "engines":
+        base += "_engine-hw"
+        flags += " --engine-hardware"
     if first_seed != 1:
         base += f"_seed-{first_seed}"
         flags += f" --seed {first_seed}"
@@ -145,7 +153,7 @@ def main(
     scrape_ms: float | None = None,
     fleet: Fleet = Fleet(),
     serving: Serving | None = None,
-    held_out: bool = False,
+    hardware: Hardware = "seed-0",
     n_seeds: int | None = None,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
@@ -158,8 +166,10 @@ def main(
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
     agents trained on, `edgeroute train qos`'s same options). `serving`: agents served
     with other parameters (`shed=False`: never drop; `sample=True`: act by a draw).
-    `held_out`: every point's environment seed k runs on the k-th held-out hardware
-    draw rather than all on hardware seed 0. `n_seeds`: environment seeds per point
+    `hardware`: every point on hardware seed 0 (the default), environment seed k on
+    the k-th held-out draw (`held-out`), or every point on the live run's engine
+    profiles, N of them cycled (`engines`: one fleet no agent trained on, so that the
+    intervals hold the workload's spread and not the draws'). `n_seeds`: environment seeds per point
     (None: 10, or 1 for a quick run)."""
     from workers.quality import default_data_dir
 
@@ -173,7 +183,7 @@ def main(
     world = load_predictor(quality_dir(quality))
     predictor = ServedPredictor(world)
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
-    base, variant_flags = variant_named(base, seed, held_out, None if n_seeds == usual else n_seeds)
+    base, variant_flags = variant_named(base, seed, hardware, None if n_seeds == usual else n_seeds)
     result_name, model_flags = agents_named(base, models, serving)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
@@ -208,17 +218,17 @@ def main(
         rate: float = DEFAULT_RATE,
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
-        held_out_here: bool = held_out,
-        engines: bool = False,
+        held_out_here: bool = hardware == "held-out",
+        engines: bool = hardware == "engines",
     ) -> EdgeEnv:
         """The k-th environment seed's episode with `n` experts: on hardware seed 0 (no
         agent trained on it), the k-th held-out hardware or the live run's engines; a
         trace is read from its k-th window."""
-        hardware = held_out_hardware(k) if held_out_here else 0
+        drawn = held_out_hardware(k) if held_out_here else 0
         return EdgeEnv(
             engine_experts(QUALITY_MODELS[quality], n)
             if engines
-            else default_experts(n, seed=hardware, models=QUALITY_MODELS[quality], fleet=fleet),
+            else default_experts(n, seed=drawn, models=QUALITY_MODELS[quality], fleet=fleet),
             tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
@@ -233,9 +243,11 @@ def main(
         settings += [(f"N={n}", {"n": n}) for n in (3, 9, 12)]
         settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
         settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
-        if not held_out:  # else every point is on held-out hardware
+        if hardware == "seed-0":  # else every point is on that hardware
             settings.append(("held-out hardware", {"held_out_here": True}))
-        settings.append(("live engines", {"engines": True}))
+            settings.append(("live engines", {"engines": True}))
+        elif hardware == "held-out":
+            settings.append(("live engines", {"engines": True}))
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []
     for label, kw in settings:
@@ -306,7 +318,8 @@ def main(
     notes = [
         f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
         f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 "
-        f"({'; or '.join(fleets)}; evaluated on {fleet.describe()}) and the agent split "
+        f"({'; or '.join(fleets)}; evaluated on "
+        f"{'the live engines' if hardware == 'engines' else fleet.describe()}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "
         f"Environment seeds {seeds[0]}-{seeds[-1]}, {episode} decisions each; an agent's "
         "figure on a seed is the mean of its training runs there, and intervals are over "
@@ -314,16 +327,22 @@ def main(
         "served predictor's own outputs; prompts are "
         f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
-        + (
-            f"Hardware is seed {held_out_hardware(0)} + k for environment seed k at every "
-            "point (`--held-out-hardware`): none trained on; `live engines` "
-            if held_out
-            else "Hardware is seed 0 or, for `held-out hardware`, seeds "
+        + {
+            "seed-0": "Hardware is seed 0 or, for `held-out hardware`, seeds "
             f"{held_out_hardware(0)}-{held_out_hardware(len(seeds) - 1)}: none trained on; "
-            "`live engines` "
+            "`live engines` are ",
+            "held-out": f"Hardware is seed {held_out_hardware(0)} + k for environment seed "
+            "k at every point (`--held-out-hardware`): none trained on; `live engines` are ",
+            "engines": "Hardware is, at every point (`--engine-hardware`), ",
+        }[hardware]
+        + "the six engine profiles of `bench qos --live` (their own time constants, "
+        "batch caps and KV memory, whatever the fleet"
+        + (
+            "; N of them cycled, as the live run's `--engines` has them"
+            if hardware == "engines"
+            else ""
         )
-        + "are the six engine profiles of `bench qos --live` (their own time constants, "
-        "batch caps and KV memory, whatever the fleet). The trace "
+        + "). The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "

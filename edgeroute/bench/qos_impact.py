@@ -169,7 +169,8 @@ def main(
                 flush=True,
             )
     base, held_out_flag = variant_named(
-        "qos_impact" + quality_suffix(quality) + fleet.suffix(), held_out=held_out
+        "qos_impact" + quality_suffix(quality) + fleet.suffix(),
+        hardware="held-out" if held_out else "seed-0",
     )
     name, model_flags = agents_named(base, models)
     write(

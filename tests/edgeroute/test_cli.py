@@ -289,6 +289,15 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
         (["--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
         (["--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
         (["--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
+        (["--live", "--engine-hardware"], "--engine-hardware is for simulated runs"),
+        (
+            ["--engine-hardware", "--held-out-hardware"],
+            "each puts every point elsewhere",
+        ),
+        (
+            ["--engine-hardware", "--running-cap", "256"],
+            "--running-cap does nothing with --engine-hardware",
+        ),
     ],
 )
 def test_bench_qos_refuses_an_option_its_mode_would_ignore(

@@ -46,14 +46,15 @@ def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:
 
 def test_other_hardware_draws_and_seeds_write_results_of_their_own() -> None:
     assert variant_named("qos") == ("qos", "")
-    assert variant_named("qos", 1, held_out=True) == ("qos_held-out-hw", " --held-out-hardware")
+    assert variant_named("qos", 1, "held-out") == ("qos_held-out-hw", " --held-out-hardware")
+    assert variant_named("qos", 1, "engines") == ("qos_engine-hw", " --engine-hardware")
     assert variant_named("qos", 7) == ("qos_seed-7", " --seed 7")
-    assert variant_named("qos", 7, held_out=True) == (
+    assert variant_named("qos", 7, "held-out") == (
         "qos_held-out-hw_seed-7",
         " --held-out-hardware --seed 7",
     )
     assert variant_named("qos", seeds=30) == ("qos_seeds-30", " --seeds 30")
-    assert variant_named("qos", 1, True, 30) == (
+    assert variant_named("qos", 1, "held-out", 30) == (
         "qos_held-out-hw_seeds-30",
         " --held-out-hardware --seeds 30",
     )
@@ -68,13 +69,21 @@ def test_held_out_hardware_moves_every_point_off_hardware_seed_0(tmp_path: Path)
     runs = {}
     for held_out in (False, True):
         out = tmp_path / f"{held_out}.json"
-        main(True, 1, str(out), agent, None, quality="routerdc", held_out=held_out)
+        main(
+            True,
+            1,
+            str(out),
+            agent,
+            None,
+            quality="routerdc",
+            hardware="held-out" if held_out else "seed-0",
+        )
         runs[held_out] = json.loads(out.read_text())
     assert "--held-out-hardware" in runs[True]["config"]["command"]
     assert "--held-out-hardware" not in runs[False]["config"]["command"]
     # the usual count given by hand is the same run, not results of their own
     same = tmp_path / "usual.json"
-    main(True, 1, str(same), agent, None, quality="routerdc", held_out=True, n_seeds=1)
+    main(True, 1, str(same), agent, None, quality="routerdc", hardware="held-out", n_seeds=1)
     # (the machine's entry carries the minute it ran, which two runs may straddle)
     usual = json.loads(same.read_text())["config"]
     assert {**usual, "machine": None} == {**runs[True]["config"], "machine": None}
@@ -107,7 +116,7 @@ def test_more_environment_seeds_each_run_on_a_hardware_draw_of_its_own(
     monkeypatch.setattr("edgeroute.bench.qos.default_experts", recorded)
     agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
     out = tmp_path / "seeds.json"
-    main(True, 1, str(out), agent, None, quality="routerdc", held_out=True, n_seeds=12)
+    main(True, 1, str(out), agent, None, quality="routerdc", hardware="held-out", n_seeds=12)
     run = json.loads(out.read_text())
     assert "--held-out-hardware --seeds 12 " in run["config"]["command"]
     assert [len(r["per_seed_qos"]) for r in run["results"]] == [12] * len(run["results"])
@@ -115,6 +124,41 @@ def test_more_environment_seeds_each_run_on_a_hardware_draw_of_its_own(
     assert per_point == drawn[len(drawn) // 2 :]
     hardware = list(dict.fromkeys(per_point))
     assert len(hardware) == 12 and not set(hardware) & set(TRAIN_HARDWARE)
+
+
+@needs_data("the RouterDC data")
+def test_engine_hardware_puts_every_point_on_the_live_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--engine-hardware`: every point's experts are the live run's engine profiles
+    (one fleet, the same for every environment seed), no hardware is drawn, and the
+    results say so."""
+    from edgeroute.sim.edge import engine_experts
+
+    built: list[int] = []
+
+    def engines(models: tuple[str, ...], n: int) -> Any:
+        built.append(n)
+        return engine_experts(models, n)
+
+    def drawn(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("hardware was drawn")
+
+    monkeypatch.setattr("edgeroute.bench.qos.engine_experts", engines)
+    monkeypatch.setattr("edgeroute.bench.qos.default_experts", drawn)
+    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    out = tmp_path / "engines.json"
+    main(True, 1, str(out), agent, None, quality="routerdc", hardware="engines", n_seeds=2)
+    run = json.loads(out.read_text())
+    assert "--engine-hardware --seeds 2 " in run["config"]["command"]
+    assert {r["setting"] for r in run["results"]} == {"default", "azure trace"}
+    # every policy, both points, both seeds: six engines each time
+    assert built and set(built) == {6}
+    assert len(built) == 2 * 2 * len({r["policy"] for r in run["results"]})
+    from edgeroute.results_io import output_dir
+
+    notes = (output_dir(True) / "qos_routerdc_engine-hw_seeds-2_shipped.md").read_text()
+    assert "Hardware is, at every point (`--engine-hardware`), the six engine profiles" in notes
 
 
 @needs_data("the RouterDC data")
