@@ -133,6 +133,7 @@ def test_engine_hardware_puts_every_point_on_the_live_engines(
     """`--engine-hardware`: every point's experts are the live run's engine profiles
     (one fleet, the same for every environment seed), no hardware is drawn, and the
     results say so."""
+    from edgeroute.results_io import output_dir
     from edgeroute.sim.edge import engine_experts
 
     built: list[int] = []
@@ -155,8 +156,6 @@ def test_engine_hardware_puts_every_point_on_the_live_engines(
     # every policy, both points, both seeds: six engines each time
     assert built and set(built) == {6}
     assert len(built) == 2 * 2 * len({r["policy"] for r in run["results"]})
-    from edgeroute.results_io import output_dir
-
     notes = (output_dir(True) / "qos_routerdc_engine-hw_seeds-2_shipped.md").read_text()
     assert "Hardware is, at every point (`--engine-hardware`), the six engine profiles" in notes
 
