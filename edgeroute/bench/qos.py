@@ -218,16 +218,15 @@ def main(
         rate: float = DEFAULT_RATE,
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
-        held_out_here: bool = hardware == "held-out",
-        engines: bool = hardware == "engines",
+        on: Hardware = hardware,
     ) -> EdgeEnv:
-        """The k-th environment seed's episode with `n` experts: on hardware seed 0 (no
+        """The k-th environment seed's episode with `n` experts `on` hardware seed 0 (no
         agent trained on it), the k-th held-out hardware or the live run's engines; a
         trace is read from its k-th window."""
-        drawn = held_out_hardware(k) if held_out_here else 0
+        drawn = held_out_hardware(k) if on == "held-out" else 0
         return EdgeEnv(
             engine_experts(QUALITY_MODELS[quality], n)
-            if engines
+            if on == "engines"
             else default_experts(n, seed=drawn, models=QUALITY_MODELS[quality], fleet=fleet),
             tasks,
             rate=rate,
@@ -243,11 +242,11 @@ def main(
         settings += [(f"N={n}", {"n": n}) for n in (3, 9, 12)]
         settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
         settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
-        if hardware == "seed-0":  # else every point is on that hardware
-            settings.append(("held-out hardware", {"held_out_here": True}))
-            settings.append(("live engines", {"engines": True}))
-        elif hardware == "held-out":
-            settings.append(("live engines", {"engines": True}))
+        # a point of its own on the hardware that the sweep's other points are not on
+        if hardware == "seed-0":
+            settings.append(("held-out hardware", {"on": "held-out"}))
+        if hardware != "engines":
+            settings.append(("live engines", {"on": "engines"}))
     settings.append(("azure trace", {"arrivals": True}))
     rows: list[dict[str, Any]] = []
     for label, kw in settings:
