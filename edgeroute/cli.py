@@ -535,13 +535,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--impact",
-        choices=["reached", "pushed", "counterfactual", "hindsight"],
+        choices=["reached", "pushed", "counterfactual", "hindsight", "shared"],
         default=t.impact,
         help="eq. 15 counts running requests that reach L with the new one, or only "
         "those it pushes over; counterfactual: instead of eq. 15, the QoS the expert's "
         "other requests truly lose (the simulator's future with and without the request, "
         "nothing more arriving); hindsight: the same with the requests that arrived while "
-        "it ran (needs --credit request)",
+        "it ran; shared: hindsight with each request's loss shared among the requests that "
+        "each caused it (both need --credit request)",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from edgeroute.sim.edge import Fleet, Quality
+from edgeroute.sim.edge import HINDSIGHT, Fleet, Quality
 
 MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
 
@@ -147,8 +147,9 @@ class TrainConfig:
     credit: str = "request"
     # eq. 15 as written, "pushed": only requests it pushes over L, "counterfactual": the
     # QoS the decision truly costs the others if nothing more arrives
-    # (`EdgeEnv.counterfactual_impact`), or "hindsight": with the requests that arrived
-    # while its request ran (`EdgeEnv.hindsight_impact`)
+    # (`EdgeEnv.counterfactual_impact`), "hindsight": with the requests that arrived
+    # while its request ran (`EdgeEnv.hindsight_impact`), or "shared": that with each
+    # loss shared among the requests that caused it (`EdgeEnv.shared_impacts`)
     impact: str = "reached"
     randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
@@ -196,9 +197,9 @@ class TrainConfig:
             raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
         if self.buffer < 1:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
-        if self.impact == "hindsight" and self.credit != "request":
+        if self.impact in HINDSIGHT and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
-            raise ValueError("the hindsight impact is credited per request (credit 'request')")
+            raise ValueError(f"the {self.impact} impact is credited per request (credit 'request')")
 
     @property
     def reward(self) -> str:

@@ -38,6 +38,7 @@ from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
 from edgeroute.results_io import git
 from edgeroute.sim.edge import (
+    HINDSIGHT,
     QUALITY_MODELS,
     TRAIN_HARDWARE,
     EdgeEnv,
@@ -108,8 +109,9 @@ class Pending:
     """Per-request credit: a decision's transition waits until the request it routed
     finishes, and is then stored with that request's own QoS (eq. 1), less the action
     impact penalty (eq. 15) the decision incurred. A drop is stored at once, at 0. With
-    the hindsight impact (`EdgeEnv.hindsight_impact`) the penalty depends on requests
-    routed after it, so the episode's transitions wait for its end."""
+    an impact known in hindsight (`EdgeEnv.hindsight_impact`, `shared_impacts`) the
+    penalty depends on requests routed after it, so the episode's transitions wait for
+    its end."""
 
     def __init__(self, replay: Replay) -> None:
         self.replay = replay
@@ -124,14 +126,17 @@ class Pending:
 
     def settle(self, env: EdgeEnv, ended: bool = False) -> None:
         """Store what can be credited; `ended`: the episode has ended and drained."""
-        hindsight = env.impact == "hindsight" and env.reward_kind == "qos"
+        hindsight = env.impact in HINDSIGHT and env.reward_kind == "qos"
         if hindsight and not ended:
             return
+        shared = env.shared_impacts() if hindsight and env.impact == "shared" else {}
         keep = []
         for item in self.waiting:
             req, obs, action, penalty, nxt, done = item
             if math.isfinite(req.done_at):
-                if hindsight:
+                if shared:
+                    penalty = shared[req]
+                elif hindsight:
                     penalty = env.hindsight_impact(req)
                 self.replay.add(obs, action, env.qos(req) - penalty, nxt, done)
             else:

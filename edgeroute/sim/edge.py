@@ -21,7 +21,7 @@ import gzip
 import hashlib
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -470,8 +470,12 @@ RewardKind = Literal["qos", "completion"]
 # instead of eq. 15, the QoS the decision really costs the expert's other requests
 # ("counterfactual": its future with and without the new request if nothing more
 # arrives, `timeline`), or that with the requests routed there while it ran
-# ("hindsight": known only once they have finished).
-Impact = Literal["reached", "pushed", "counterfactual", "hindsight"]
+# ("hindsight": known only once they have finished); or that with each request's loss
+# shared among the requests that each caused it ("shared", `EdgeEnv.shared_impacts`).
+Impact = Literal["reached", "pushed", "counterfactual", "hindsight", "shared"]
+# The impacts known only in hindsight: the environment records what each expert was
+# given, and the penalty is settled once the requests have finished.
+HINDSIGHT: tuple[Impact, ...] = ("hindsight", "shared")
 
 
 @dataclass(frozen=True)
@@ -700,8 +704,9 @@ class EdgeEnv:
     def impact_penalty(self, n: int, req: Req) -> float:
         """What routing `req` (the current arrival) to expert n costs the requests there:
         eq. 15's estimate, or with impact "counterfactual" the true cost if nothing
-        more arrives; with "hindsight" 0 here, known later (`hindsight_impact`)."""
-        if self.impact == "hindsight":
+        more arrives; with "hindsight" or "shared" 0 here, known later
+        (`hindsight_impact`, `shared_impacts`)."""
+        if self.impact in HINDSIGHT:
             self.found[req] = (n, len(self.given[n]), Queued.of(self.experts[n], self.now))
             self.given[n].append(req)
             return 0.0
@@ -718,16 +723,39 @@ class EdgeEnv:
 
     def hindsight_impact(self, req: Req) -> float:
         """The QoS that expert n's other requests lost because `req` (routed there
-        earlier, impact "hindsight") ran beside them: those there when it arrived and
+        earlier, an impact in `HINDSIGHT`) ran beside them: those there when it arrived and
         those routed there before it finished, by the expert's future with and without
         it, the latter arrivals included. Known once `req` has finished; the arrivals
         after it are left out of both futures (its backlog's later effects are not
         counted). Training only."""
+        return sum(r.score * d for r, d in self._hindsight_changes(req))
+
+    def shared_impacts(self) -> dict[Req, float]:
+        """Every routed request's `hindsight_impact` with each loss shared: a request
+        whose QoS several requests each changed (each one's absence alone would have
+        let it meet L) is charged to them in equal parts. The plain hindsight impact
+        charges such a loss once to every request that caused it, so its charges add up
+        to several times the QoS the requests lost to one another when many sit near L
+        (docs/research.md, "The impact shared"); these add up to that loss. Read once
+        every routed request has finished. Training only."""
+        if self.impact not in HINDSIGHT:
+            raise ValueError("shared impacts need what a hindsight impact records")
+        changes = {req: self._hindsight_changes(req) for req in self.found}
+        causes = Counter(r for changed in changes.values() for r, _ in changed)
+        return {
+            req: sum(r.score * d / causes[r] for r, d in changed)
+            for req, changed in changes.items()
+        }
+
+    def _hindsight_changes(self, req: Req) -> list[tuple[Req, int]]:
+        """The requests whose meeting L `req` changed, in hindsight (as
+        `hindsight_impact` counts them), each with +1 (it missed L because of `req`) or
+        -1 (it met L because of it)."""
         if not math.isfinite(req.done_at):
             raise ValueError("a request's hindsight impact is known once it has finished")
         n, place, found = self.found[req]
         later = [r for r in self.given[n][place + 1 :] if r.arrival < req.done_at]
-        return self._lost(found, n, req, later)
+        return self._changes(found, n, req, later)[0]
 
     def options(self) -> list[Option]:
         """Where the current arrival could go: every expert that would take it, as it
@@ -754,10 +782,10 @@ class EdgeEnv:
         it became, if it was routed), the requests this episode went on to route to that
         expert before the arrival would have finished there join both futures. The
         episode's later routing is held as it was, as if it did not depend on where the
-        arrival went. Read once the episode has ended (impact "hindsight" keeps what
-        each expert was given)."""
-        if self.impact != "hindsight":
-            raise ValueError("the hindsight room needs what impact 'hindsight' records")
+        arrival went. Read once the episode has ended (an impact in `HINDSIGHT` keeps
+        what each expert was given)."""
+        if self.impact not in HINDSIGHT:
+            raise ValueError("the hindsight room needs what a hindsight impact records")
         outcomes = []
         for o in options:
             after = [r for r in self.given[o.n][o.given :] if r is not routed]
@@ -780,6 +808,15 @@ class EdgeEnv:
         self, found: Queued, n: int, req: Req, later: list[Req]
     ) -> tuple[float, float, float]:
         """`_lost`, the QoS `req` itself gets there, and when it finishes there."""
+        changed, own, done = self._changes(found, n, req, later)
+        return sum(r.score * d for r, d in changed), own, done
+
+    def _changes(
+        self, found: Queued, n: int, req: Req, later: list[Req]
+    ) -> tuple[list[tuple[Req, int]], float, float]:
+        """The requests in `found` and `later` whose meeting L `req` joining expert n's
+        queue at `found.now` changes (+1: they miss it because of `req`, -1: they meet
+        it because of it), the QoS `req` itself gets there, and when it finishes."""
         others = [*found.requests, *later]
         first = len(found.requests)
         arrivals = [
@@ -795,11 +832,13 @@ class EdgeEnv:
         def met(r: Req, done: float) -> bool:
             return (done - r.arrival) / r.length <= self.L
 
-        lost = sum(
-            r.score * (met(r, without[i]) - met(r, with_new[i])) for i, r in enumerate(others)
-        )
+        changed = [
+            (r, d)
+            for i, r in enumerate(others)
+            if (d := int(met(r, without[i])) - int(met(r, with_new[i])))
+        ]
         done = with_new[new.key]
-        return lost, req.score * met(req, done), done
+        return changed, req.score * met(req, done), done
 
     def estimated_impact(self, n: int, pushed: bool = False) -> float:
         """Eq. 13-15: predicted QoS of running requests on expert n whose estimated

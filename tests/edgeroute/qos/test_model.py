@@ -449,14 +449,16 @@ def test_training_with_the_counterfactual_impact_credits_the_true_cost() -> None
 
 
 @needs_data("the quality data")
-def test_training_with_the_hindsight_impact_credits_at_the_episodes_end() -> None:
-    """`--impact hindsight`: nothing is stored while the episode runs (a decision's
-    cost depends on requests routed after it); at its end every routed decision carries
-    its request's QoS less what that request truly cost the others, arrivals included."""
+@pytest.mark.parametrize("impact", ["hindsight", "shared"])
+def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: str) -> None:
+    """`--impact hindsight` and `shared`: nothing is stored while the episode runs (a
+    decision's cost depends on requests routed after it); at its end every routed
+    decision carries its request's QoS less what that request truly cost the others,
+    arrivals included (shared: each loss divided among the requests that caused it)."""
     from edgeroute.qos.sac import Replay
     from edgeroute.qos.train import Pending, make_env, new_episode
 
-    cfg = tiny(impact="hindsight", latencies_ms=(30.0, 40.0))
+    cfg = tiny(impact=impact, latencies_ms=(30.0, 40.0))
     env = make_env(cfg, DATA_DIR)
     new_episode(env, cfg, np.random.default_rng(0))
     obs = env.observe()
@@ -471,7 +473,8 @@ def test_training_with_the_hindsight_impact_credits_at_the_episodes_end() -> Non
     assert pending.replay.size == drops  # only the drops, at 0
     env.drain()
     routed = [item[0] for item in pending.waiting]
-    costs = [env.hindsight_impact(r) for r in routed]
+    shared = env.shared_impacts()
+    costs = [shared[r] if impact == "shared" else env.hindsight_impact(r) for r in routed]
     pending.settle(env, ended=True)
     assert pending.replay.size == 400 and not pending.waiting
     assert any(c > 0 for c in costs)
@@ -480,6 +483,7 @@ def test_training_with_the_hindsight_impact_credits_at_the_episodes_end() -> Non
     assert rewards == pytest.approx(want, abs=1e-6)
 
 
-def test_the_hindsight_impact_is_refused_with_completion_credit() -> None:
+@pytest.mark.parametrize("impact", ["hindsight", "shared"])
+def test_a_hindsight_impact_is_refused_with_completion_credit(impact: str) -> None:
     with pytest.raises(ValueError, match="credited per request"):
-        TrainConfig(impact="hindsight", credit="completion")
+        TrainConfig(impact=impact, credit="completion")

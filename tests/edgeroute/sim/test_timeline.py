@@ -351,6 +351,44 @@ def test_hindsight_impact_is_what_the_others_lose_arrivals_included() -> None:
     assert beyond > 0  # the arrivals it delayed count too
 
 
+def test_a_loss_that_several_requests_each_caused_is_shared_among_them() -> None:
+    """One request at a time, three arriving together: the third meets L behind either
+    of the others but not behind both, so the absence of each of the first two alone
+    would have saved it. The hindsight impact charges its loss to both; shared, each
+    pays half, and the charges add up to the QoS the three lost to one another."""
+    expert = EdgeExpert(
+        MODEL, base=0.01, k1=2e-4, k2=2e-5, memory_tokens=10_000, running_cap=1, waiting_cap=10
+    )
+    pool = [Task("p", 50, {MODEL: 0.8}, {MODEL: 10})]
+    times = [0.0, 0.001, 0.002, FAR]
+
+    def world(actions: list[int], latency: float) -> EdgeEnv:
+        env = env_with(expert, pool, times, latency_req=latency, impact="shared")
+        for action in actions:
+            env.step(action)
+        env.drain()
+        return env
+
+    def last_latency(env: EdgeEnv) -> float:
+        last = max(env.finished, key=arrived)
+        return last.latency_per_token(last.done_at)
+
+    behind_one, behind_two = last_latency(world([0, 1, 1], 1.0)), last_latency(world([1] * 3, 1.0))
+    assert behind_one < behind_two
+    env = world([1] * 3, (behind_one + behind_two) / 2)
+    first, second, third = sorted(env.given[0], key=arrived)
+    assert [env.qos(r) for r in (first, second, third)] == [0.8, 0.8, 0.0]
+    hindsight = [env.hindsight_impact(r) for r in (first, second, third)]
+    assert hindsight == [pytest.approx(0.8), pytest.approx(0.8), 0.0]
+    shared = env.shared_impacts()
+    assert [shared[r] for r in (first, second, third)] == [
+        pytest.approx(0.4),
+        pytest.approx(0.4),
+        0.0,
+    ]
+    assert sum(shared.values()) == pytest.approx(0.8)  # what the third lost, once
+
+
 def test_a_hindsight_impact_waits_for_its_request_to_finish() -> None:
     expert = EdgeExpert(MODEL, base=0.01, k1=2e-4, k2=2e-5, memory_tokens=10_000)
     pool = [Task("p", 50, {MODEL: 1.0}, {MODEL: 30})]
