@@ -6,10 +6,13 @@ import argparse
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, QUALITIES
 from edgeroute.sim.edge import Fleet
+
+if TYPE_CHECKING:
+    from edgeroute.bench.qos import Hardware
 
 _N = TypeVar("_N", int, float)
 
@@ -273,18 +276,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the policies then see the experts as the gateway does (default: exactly), live "
         "the gateway scrapes so (default: its own); results of their own",
     )
-    q.add_argument(
-        "--held-out-hardware",
-        action="store_true",
-        help="simulation: every point on held-out hardware (environment seed k on the k-th "
-        "held-out draw) rather than all on hardware seed 0; results of their own",
-    )
-    q.add_argument(
-        "--engine-hardware",
-        action="store_true",
-        help="simulation: every point on the live run's engine profiles (N of them cycled, "
-        "as --live --engines has them) rather than on hardware seed 0; results of their own",
-    )
+    add_hardware_options(q)
     q.add_argument(
         "--speedup",
         type=positive_factor,
@@ -318,11 +310,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     qi.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
     add_fleet_options(qi)
+    add_hardware_options(qi)
     qi.add_argument(
-        "--held-out-hardware",
-        action="store_true",
-        help="environment seed k on the k-th held-out hardware draw rather than all on "
-        "hardware seed 0; results of their own",
+        "--scrape-ms",
+        type=positive_ms,
+        help="the policies see the experts as the gateway does, from scrapes of the "
+        "engines' metrics this many ms apart (default: exactly); results of their own",
     )
     qi.set_defaults(func=lambda a: _qos_impact(a))
     qp = command("qos-pool", help="live QoS runs of one setting pooled over all their seeds")
@@ -538,9 +531,42 @@ def _qos(a: argparse.Namespace) -> None:
         a.scrape_ms,
         fleet_from(a),
         serving_from(a.no_shed, a.sample),
-        "held-out" if a.held_out_hardware else "engines" if a.engine_hardware else "seed-0",
+        hardware_from(a),
         a.seeds,
     )
+
+
+def add_hardware_options(p: argparse.ArgumentParser) -> None:
+    """Where a simulated run's experts are, for `bench qos` and `bench qos-impact`
+    (`edgeroute.bench.qos.Hardware`; read back by `hardware_from`)."""
+    p.add_argument(
+        "--held-out-hardware",
+        action="store_true",
+        help="simulation: every point on held-out hardware (environment seed k on the k-th "
+        "held-out draw) rather than all on hardware seed 0; results of their own",
+    )
+    p.add_argument(
+        "--engine-hardware",
+        action="store_true",
+        help="simulation: every point on the live run's engine profiles (N of them cycled, "
+        "as --live --engines has them) rather than on hardware seed 0; results of their own",
+    )
+
+
+def hardware_from(a: argparse.Namespace) -> Hardware:
+    return "held-out" if a.held_out_hardware else "engines" if a.engine_hardware else "seed-0"
+
+
+def _hardware_refused(a: argparse.Namespace) -> str | None:
+    """Why the hardware options given contradict each other or the fleet's, or None."""
+    given, default = fleet_from(a), Fleet()
+    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
+    if a.engine_hardware and a.held_out_hardware:
+        return "--engine-hardware and --held-out-hardware: each puts every point elsewhere"
+    if a.engine_hardware and changed:
+        flag = "--" + changed[0].replace("_", "-")
+        return f"{flag} does nothing with --engine-hardware (the engines' profiles are fixed)"
+    return None
 
 
 def _ignored_by_mode(a: argparse.Namespace) -> str | None:
@@ -560,12 +586,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
         for flag, value, why in live_only:
             if value is not None:
                 return f"{flag} is for --live runs ({why})"
-        if a.engine_hardware and a.held_out_hardware:
-            return "--engine-hardware and --held-out-hardware: each puts every point elsewhere"
-        if a.engine_hardware and changed:
-            flag = "--" + changed[0].replace("_", "-")
-            return f"{flag} does nothing with --engine-hardware (the engines' profiles are fixed)"
-        return None
+        return _hardware_refused(a)
     simulated_only = (
         (["trace"] if a.trace is not None else [])
         + (["held_out_hardware"] if a.held_out_hardware else [])
@@ -586,7 +607,10 @@ def _qos_impact(a: argparse.Namespace) -> None:
 
     models = dict(m.split("=", 1) for m in a.model)
     agents = {k: [Path(v)] for k, v in models.items()}
-    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), a.held_out_hardware)
+    refused = _hardware_refused(a)
+    if refused:
+        raise SystemExit(f"edgeroute bench qos-impact: {refused}")
+    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), hardware_from(a), a.scrape_ms)
 
 
 def _qos_pool(a: argparse.Namespace) -> None:

@@ -10,6 +10,9 @@ teaches the agent to avoid harmless decisions; one that stays silent where QoS i
 teaches nothing. Each decision's `room` (`EdgeEnv.impact_room`) bounds what any impact
 term can buy there with nothing more arriving, and `room_hindsight`
 (`EdgeEnv.hindsight_room`) what it can buy counting the requests routed after it.
+`shared` is the hindsight impact with each loss shared among the requests that each
+caused it (`EdgeEnv.shared_impacts`): where the hindsight impacts add up to several
+times what the requests lost to one another, these add up to it.
 Settings: the paper's default and its sweeps of lambda and L.
 """
 
@@ -19,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import agents_named, trained_runs, variant_named
+from edgeroute.bench.qos import Hardware, agents_named, scrape_named, trained_runs, variant_named
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -39,6 +42,7 @@ from edgeroute.sim.edge import (
     Quality,
     ServedPredictor,
     default_experts,
+    engine_experts,
     held_out_hardware,
     load_tasks,
 )
@@ -74,8 +78,10 @@ def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]
             routed.append((row, env.last_request, options))
         i += 1
     env.drain()
+    shared = env.shared_impacts()
     for row, req, options in routed:
         row["hindsight"] = env.hindsight_impact(req)
+        row["shared"] = shared[req]
         row["room_hindsight"] = env.hindsight_room(options, req)
     return [row for row, _, _ in routed]
 
@@ -100,19 +106,22 @@ def main(
     models: dict[str, list[Path]],
     quality: Quality = "routerbench",
     fleet: Fleet = Fleet(),
-    held_out: bool = False,
+    hardware: Hardware = "seed-0",
+    scrape_ms: float | None = None,
 ) -> None:
     """`models`: agents whose trajectories are measured, first run of each; by default
     the quality world's full and dsa runs. SQF's trajectory is measured too. `fleet`:
-    how the experts are drawn (the paper's by default); `held_out`: environment seed k
-    on the k-th held-out hardware draw, else every seed on hardware seed 0."""
+    how the experts are drawn (the paper's by default); `hardware`: every seed on
+    hardware seed 0, environment seed k on the k-th held-out draw, or every seed on the
+    live run's six engines. `scrape_ms`: the policies see the experts from scrapes that
+    far apart (as `bench qos`'s option), else exactly."""
     from workers.quality import default_data_dir
 
     tasks = load_tasks(default_data_dir(), split="eval", quality=quality)
     predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     runs = models or {k: v for k, v in trained_runs(quality).items() if k in ("full", "dsa")}
     seeds = [seed + 100 + i for i in range(1 if quick else 5)]
-    hardware = [held_out_hardware(k) if held_out else 0 for k in range(len(seeds))]
+    drawn = [held_out_hardware(k) if hardware == "held-out" else 0 for k in range(len(seeds))]
     episode = 256 if quick else 512
     settings = [("default", DEFAULT_RATE, DEFAULT_LATENCY_MS)]
     if not quick:
@@ -124,9 +133,11 @@ def main(
         policies.update({k: served(load(v[0], latency_ms)) for k, v in runs.items()})
         for name, policy in policies.items():
             decisions = []
-            for s, hw in zip(seeds, hardware, strict=True):
+            for s, hw in zip(seeds, drawn, strict=True):
                 env = EdgeEnv(
-                    default_experts(6, seed=hw, models=QUALITY_MODELS[quality], fleet=fleet),
+                    engine_experts(QUALITY_MODELS[quality])
+                    if hardware == "engines"
+                    else default_experts(6, seed=hw, models=QUALITY_MODELS[quality], fleet=fleet),
                     tasks,
                     rate=rate,
                     latency_req=latency_ms / 1000,
@@ -134,6 +145,7 @@ def main(
                     predictor=predictor,
                     reward="qos",  # the penalties are read in `trajectory`, not from `step`
                     impact="hindsight",
+                    scrape=None if scrape_ms is None else scrape_ms / 1000,
                 )
                 decisions += trajectory(env, policy, s)
             harm = [d["true"] for d in decisions]
@@ -149,6 +161,7 @@ def main(
                         "mean_true": statistics.fmean(harm),
                         "costly_hindsight": sum(h > 0 for h in later) / len(later),
                         "mean_hindsight": statistics.fmean(later),
+                        "mean_shared": statistics.fmean(d["shared"] for d in decisions),
                         "room": statistics.fmean(d["room"] for d in decisions),
                         "room_share": sum(d["room"] > 0 for d in decisions) / len(decisions),
                         "room_hindsight": statistics.fmean(d["room_hindsight"] for d in decisions),
@@ -168,10 +181,10 @@ def main(
                 ),
                 flush=True,
             )
-    base, held_out_flag = variant_named(
-        "qos_impact" + quality_suffix(quality) + fleet.suffix(),
-        hardware="held-out" if held_out else "seed-0",
+    base, scrape_flag = scrape_named(
+        "qos_impact" + quality_suffix(quality) + fleet.suffix(), scrape_ms
     )
+    base, hardware_flag = variant_named(base, hardware=hardware)
     name, model_flags = agents_named(base, models)
     write(
         name,
@@ -180,11 +193,12 @@ def main(
             + (" --quick" if quick else "")
             + quality_flag(quality)
             + fleet.flags()
-            + held_out_flag
+            + scrape_flag
+            + hardware_flag
             + model_flags,
             "models": {k: recorded(v[0]) for k, v in runs.items()},
             "seeds": seeds,
-            "hardware": hardware,
+            "hardware": "live engines" if hardware == "engines" else drawn,
             "episode": episode,
         },
         rows,
@@ -201,6 +215,7 @@ def main(
             "mean_estimate",
             "costly_hindsight",
             "mean_hindsight",
+            "mean_shared",
             "room",
             "room_share",
             "room_hindsight",
@@ -208,14 +223,19 @@ def main(
         ],
         json_path,
         notes=(
-            "Per routed decision along each policy's own trajectory (N=6, hardware "
+            "Per routed decision along each policy's own trajectory (N=6, "
+            + {
+                "seed-0": f"hardware seed 0; {fleet.describe()}",
+                "held-out": f"hardware seeds {drawn[0]}-{drawn[-1]}, one per environment "
+                f"seed; {fleet.describe()}",
+                "engines": "the six engine profiles of `bench qos --live`",
+            }[hardware]
             + (
-                f"seeds {hardware[0]}-{hardware[-1]}, one per environment seed"
-                if held_out
-                else "seed 0"
+                ""
+                if scrape_ms is None
+                else f"; policies see the experts from scrapes {scrape_ms:g} ms apart"
             )
             + "; "
-            f"{fleet.describe()}; "
             f"evaluation prompts, environment seeds {seeds[0]}-{seeds[-1]}, {episode} "
             "decisions each). `costly`: share of decisions whose arrival truly costs the "
             "chosen expert's other requests QoS (their future with and without it, nothing "
@@ -224,7 +244,9 @@ def main(
             "costly ones, the share it penalises. `mean_true`, `mean_estimate`: QoS per "
             "decision. `costly_hindsight`, `mean_hindsight`: the same counted in hindsight, "
             "with the requests routed to that expert while the arrival's request ran "
-            "(`EdgeEnv.hindsight_impact`). `room`: per decision, what a router that "
+            "(`EdgeEnv.hindsight_impact`). `mean_shared`: the hindsight impact with each "
+            "loss shared among the requests that each caused it (`EdgeEnv.shared_impacts`). "
+            "`room`: per decision, what a router that "
             "knows every expert's future (nothing more arriving) gains in total QoS by "
             "weighing the others' loss over one that maximises the arrival's own QoS "
             "(`EdgeEnv.impact_room`): the most the action-impact term can buy, myopically; "

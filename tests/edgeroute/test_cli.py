@@ -168,13 +168,37 @@ def test_training_and_the_benchmarks_draw_the_same_fleet_from_the_same_options()
 
 def test_a_scrape_interval_is_a_positive_span(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
-    for command in (["train", "qos"], ["bench", "qos"]):
+    for command in (["train", "qos"], ["bench", "qos"], ["bench", "qos-impact"]):
         assert parser.parse_args([*command, "--scrape-ms", "200"]).scrape_ms == 200.0
         assert parser.parse_args(command).scrape_ms is None  # exact state / the gateway's own
         for bad in ("0", "-5", "soon"):
             with pytest.raises(SystemExit):
                 parser.parse_args([*command, "--scrape-ms", bad])
             assert "--scrape-ms: expected" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--engine-hardware", "--held-out-hardware"], "each puts every point elsewhere"),
+        (
+            ["--engine-hardware", "--hardware-ms", "20,40"],
+            "--hardware-ms does nothing with --engine-hardware",
+        ),
+    ],
+)
+def test_bench_qos_impact_refuses_hardware_options_that_contradict(
+    argv: list[str], refused: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgeroute.bench.qos_impact
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(edgeroute.bench.qos_impact, "main", ran)
+    args = build_parser().parse_args(["bench", "qos-impact", *argv])
+    with pytest.raises(SystemExit, match=refused):
+        args.func(args)
 
 
 def test_no_drop_trains_without_the_drop_action() -> None:
