@@ -177,30 +177,6 @@ def test_a_scrape_interval_is_a_positive_span(capsys: pytest.CaptureFixture[str]
             assert "--scrape-ms: expected" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("argv", "refused"),
-    [
-        (["--engine-hardware", "--held-out-hardware"], "each puts every point elsewhere"),
-        (
-            ["--engine-hardware", "--hardware-ms", "20,40"],
-            "--hardware-ms does nothing with --engine-hardware",
-        ),
-    ],
-)
-def test_bench_qos_impact_refuses_hardware_options_that_contradict(
-    argv: list[str], refused: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import edgeroute.bench.qos_impact
-
-    def ran(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the run started")
-
-    monkeypatch.setattr(edgeroute.bench.qos_impact, "main", ran)
-    args = build_parser().parse_args(["bench", "qos-impact", *argv])
-    with pytest.raises(SystemExit, match=refused):
-        args.func(args)
-
-
 def test_no_drop_trains_without_the_drop_action() -> None:
     from edgeroute.cli import train_config
 
@@ -303,39 +279,48 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
 @pytest.mark.parametrize(
     ("argv", "refused"),
     [
-        (["--max-batch", "5"], "--max-batch is for --live runs"),
-        (["--latency-ms", "40"], "--latency-ms is for --live runs"),
-        (["--engines", "12"], "--engines is for --live runs"),
-        (["--speedup", "5"], "--speedup is for --live runs"),
-        (["--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
-        (["--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
-        (["--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),
-        (["--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
-        (["--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
-        (["--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
-        (["--live", "--engine-hardware"], "--engine-hardware is for simulated runs"),
+        (["qos", "--max-batch", "5"], "--max-batch is for --live runs"),
+        (["qos", "--latency-ms", "40"], "--latency-ms is for --live runs"),
+        (["qos", "--engines", "12"], "--engines is for --live runs"),
+        (["qos", "--speedup", "5"], "--speedup is for --live runs"),
+        (["qos", "--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
+        (["qos", "--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
+        (["qos", "--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),
+        (["qos", "--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
+        (["qos", "--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
+        (["qos", "--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
+        (["qos", "--live", "--engine-hardware"], "--engine-hardware is for simulated runs"),
         (
-            ["--engine-hardware", "--held-out-hardware"],
+            ["qos", "--engine-hardware", "--held-out-hardware"],
             "each puts every point elsewhere",
         ),
         (
-            ["--engine-hardware", "--running-cap", "256"],
+            ["qos", "--engine-hardware", "--running-cap", "256"],
             "--running-cap does nothing with --engine-hardware",
+        ),
+        (
+            ["qos-impact", "--engine-hardware", "--held-out-hardware"],
+            "each puts every point elsewhere",
+        ),
+        (
+            ["qos-impact", "--engine-hardware", "--hardware-ms", "20,40"],
+            "--hardware-ms does nothing with --engine-hardware",
         ),
     ],
 )
-def test_bench_qos_refuses_an_option_its_mode_would_ignore(
+def test_the_qos_benchmarks_refuse_an_option_their_run_would_ignore(
     argv: list[str], refused: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Refused before anything runs: a results file must not name a setting its run lacked.
     import edgeroute.bench.qos
+    import edgeroute.bench.qos_impact
     import edgeroute.bench.qos_live
 
     def ran(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run started")
 
-    monkeypatch.setattr(edgeroute.bench.qos, "main", ran)
-    monkeypatch.setattr(edgeroute.bench.qos_live, "main", ran)
-    args = build_parser().parse_args(["bench", "qos", *argv])
+    for module in (edgeroute.bench.qos, edgeroute.bench.qos_live, edgeroute.bench.qos_impact):
+        monkeypatch.setattr(module, "main", ran)
+    args = build_parser().parse_args(["bench", *argv])
     with pytest.raises(SystemExit, match=refused):
         args.func(args)
