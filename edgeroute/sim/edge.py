@@ -736,8 +736,9 @@ class EdgeEnv:
         let it meet L) is charged to them in equal parts. The plain hindsight impact
         charges such a loss once to every request that caused it, so its charges add up
         to several times the QoS the requests lost to one another when many sit near L
-        (docs/research.md, "The impact shared"); these add up to that loss. Read once
-        every routed request has finished. Training only."""
+        (docs/research.md, "The impact shared"); these add up to the part of that loss
+        that some single request could have prevented. Read once every routed request
+        has finished. Training only."""
         if self.impact not in HINDSIGHT:
             raise ValueError("shared impacts need what a hindsight impact records")
         changes = {req: self._hindsight_changes(req) for req in self.found}
