@@ -557,10 +557,15 @@ def hardware_from(a: argparse.Namespace) -> Hardware:
     return "held-out" if a.held_out_hardware else "engines" if a.engine_hardware else "seed-0"
 
 
+def _fleet_changed(a: argparse.Namespace) -> list[str]:
+    """The fleet's settings given other values than the paper's, by field name."""
+    given, default = fleet_from(a), Fleet()
+    return [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
+
+
 def _hardware_refused(a: argparse.Namespace) -> str | None:
     """Why the hardware options given contradict each other or the fleet's, or None."""
-    given, default = fleet_from(a), Fleet()
-    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
+    changed = _fleet_changed(a)
     if a.engine_hardware and a.held_out_hardware:
         return "--engine-hardware and --held-out-hardware: each puts every point elsewhere"
     if a.engine_hardware and changed:
@@ -573,8 +578,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     """Why an option given to `bench qos` would do nothing in the run asked for (live or
     simulated), or None: an ignored option would let a results file claim a setting
     its run did not have."""
-    given, default = fleet_from(a), Fleet()
-    changed = [f.name for f in fields(Fleet) if getattr(given, f.name) != getattr(default, f.name)]
+    changed = _fleet_changed(a)
     if not a.live:
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),

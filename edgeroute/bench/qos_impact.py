@@ -11,7 +11,7 @@ teaches nothing. Each decision's `room` (`EdgeEnv.impact_room`) bounds what any 
 term can buy there with nothing more arriving, and `room_hindsight`
 (`EdgeEnv.hindsight_room`) what it can buy counting the requests routed after it.
 `shared` is the hindsight impact with each loss shared among the requests that each
-caused it (`EdgeEnv.shared_impacts`): where the hindsight impacts add up to several
+caused it (`EdgeEnv.hindsight_charges`): where the hindsight impacts add up to several
 times what the requests lost to one another, these add up to it.
 Settings: the paper's default and its sweeps of lambda and L.
 """
@@ -78,10 +78,9 @@ def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]
             routed.append((row, env.last_request, options))
         i += 1
     env.drain()
-    shared = env.shared_impacts()
+    charges = env.hindsight_charges()
     for row, req, options in routed:
-        row["hindsight"] = env.hindsight_impact(req)
-        row["shared"] = shared[req]
+        row["hindsight"], row["shared"] = charges[req]
         row["room_hindsight"] = env.hindsight_room(options, req)
     return [row for row, _, _ in routed]
 
@@ -245,7 +244,7 @@ def main(
             "decision. `costly_hindsight`, `mean_hindsight`: the same counted in hindsight, "
             "with the requests routed to that expert while the arrival's request ran "
             "(`EdgeEnv.hindsight_impact`). `mean_shared`: the hindsight impact with each "
-            "loss shared among the requests that each caused it (`EdgeEnv.shared_impacts`). "
+            "loss shared among the requests that each caused it (`EdgeEnv.hindsight_charges`). "
             "`room`: per decision, what a router that "
             "knows every expert's future (nothing more arriving) gains in total QoS by "
             "weighing the others' loss over one that maximises the arrival's own QoS "

@@ -149,7 +149,7 @@ class TrainConfig:
     # QoS the decision truly costs the others if nothing more arrives
     # (`EdgeEnv.counterfactual_impact`), "hindsight": with the requests that arrived
     # while its request ran (`EdgeEnv.hindsight_impact`), or "shared": that with each
-    # loss shared among the requests that caused it (`EdgeEnv.shared_impacts`)
+    # loss shared among the requests that caused it (`EdgeEnv.hindsight_charges`)
     impact: str = "reached"
     randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below

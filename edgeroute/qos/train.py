@@ -109,7 +109,7 @@ class Pending:
     """Per-request credit: a decision's transition waits until the request it routed
     finishes, and is then stored with that request's own QoS (eq. 1), less the action
     impact penalty (eq. 15) the decision incurred. A drop is stored at once, at 0. With
-    an impact known in hindsight (`EdgeEnv.hindsight_impact`, `shared_impacts`) the
+    an impact known in hindsight (`EdgeEnv.hindsight_charges`) the
     penalty depends on requests routed after it, so the episode's transitions wait for
     its end."""
 
@@ -129,15 +129,14 @@ class Pending:
         hindsight = env.impact in HINDSIGHT and env.reward_kind == "qos"
         if hindsight and not ended:
             return
-        shared = env.shared_impacts() if hindsight and env.impact == "shared" else {}
+        charges = env.hindsight_charges() if hindsight else {}
         keep = []
         for item in self.waiting:
             req, obs, action, penalty, nxt, done = item
             if math.isfinite(req.done_at):
-                if shared:
-                    penalty = shared[req]
-                elif hindsight:
-                    penalty = env.hindsight_impact(req)
+                if hindsight:
+                    charged = charges[req]
+                    penalty = charged.shared if env.impact == "shared" else charged.hindsight
                 self.replay.add(obs, action, env.qos(req) - penalty, nxt, done)
             else:
                 keep.append(item)

@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -471,11 +471,27 @@ RewardKind = Literal["qos", "completion"]
 # ("counterfactual": its future with and without the new request if nothing more
 # arrives, `timeline`), or that with the requests routed there while it ran
 # ("hindsight": known only once they have finished); or that with each request's loss
-# shared among the requests that each caused it ("shared", `EdgeEnv.shared_impacts`).
+# shared among the requests that each caused it ("shared", `EdgeEnv.hindsight_charges`).
 Impact = Literal["reached", "pushed", "counterfactual", "hindsight", "shared"]
 # The impacts known only in hindsight: the environment records what each expert was
 # given, and the penalty is settled once the requests have finished.
 HINDSIGHT: tuple[Impact, ...] = ("hindsight", "shared")
+
+
+class Charges(NamedTuple):
+    """What a routed request is charged for the others' loss, known in hindsight
+    (`EdgeEnv.hindsight_charges`): each loss in full, or shared among its causes."""
+
+    hindsight: float
+    shared: float
+
+
+def _changed_qos(changed: list[tuple[Req, int]], causes: Counter[Req] | None = None) -> float:
+    """The QoS of the requests in `changed` (+1: lost, -1: gained), each divided among
+    its `causes` if given."""
+    if causes is None:
+        return sum(r.score * d for r, d in changed)
+    return sum(r.score * d / causes[r] for r, d in changed)
 
 
 @dataclass(frozen=True)
@@ -705,7 +721,7 @@ class EdgeEnv:
         """What routing `req` (the current arrival) to expert n costs the requests there:
         eq. 15's estimate, or with impact "counterfactual" the true cost if nothing
         more arrives; with "hindsight" or "shared" 0 here, known later
-        (`hindsight_impact`, `shared_impacts`)."""
+        (`hindsight_charges`)."""
         if self.impact in HINDSIGHT:
             self.found[req] = (n, len(self.given[n]), Queued.of(self.experts[n], self.now))
             self.given[n].append(req)
@@ -728,23 +744,24 @@ class EdgeEnv:
         it, the latter arrivals included. Known once `req` has finished; the arrivals
         after it are left out of both futures (its backlog's later effects are not
         counted). Training only."""
-        return sum(r.score * d for r, d in self._hindsight_changes(req))
+        return _changed_qos(self._hindsight_changes(req))
 
-    def shared_impacts(self) -> dict[Req, float]:
-        """Every routed request's `hindsight_impact` with each loss shared: a request
-        whose QoS several requests each changed (each one's absence alone would have
-        let it meet L) is charged to them in equal parts. The plain hindsight impact
-        charges such a loss once to every request that caused it, so its charges add up
-        to several times the QoS the requests lost to one another when many sit near L
-        (docs/research.md, "The impact shared"); these add up to the part of that loss
-        that some single request could have prevented. Read once every routed request
-        has finished. Training only."""
+    def hindsight_charges(self) -> dict[Req, Charges]:
+        """Every routed request's `hindsight_impact`, and that with each loss shared: a
+        request whose QoS several requests each changed (each one's absence alone would
+        have let it meet L) is charged to them in equal parts. The plain hindsight
+        impact charges such a loss once to every request that caused it, so its charges
+        add up to several times the QoS the requests lost to one another when many sit
+        near L (docs/research.md, "The impact shared"); the shared ones add up to the
+        part of that loss that some single request could have prevented. Both from one
+        run of each request's futures. Read once every routed request has finished.
+        Training only."""
         if self.impact not in HINDSIGHT:
-            raise ValueError("shared impacts need what a hindsight impact records")
+            raise ValueError("hindsight charges need what a hindsight impact records")
         changes = {req: self._hindsight_changes(req) for req in self.found}
         causes = Counter(r for changed in changes.values() for r, _ in changed)
         return {
-            req: sum(r.score * d / causes[r] for r, d in changed)
+            req: Charges(_changed_qos(changed), _changed_qos(changed, causes))
             for req, changed in changes.items()
         }
 
@@ -810,7 +827,7 @@ class EdgeEnv:
     ) -> tuple[float, float, float]:
         """`_lost`, the QoS `req` itself gets there, and when it finishes there."""
         changed, own, done = self._changes(found, n, req, later)
-        return sum(r.score * d for r, d in changed), own, done
+        return _changed_qos(changed), own, done
 
     def _changes(
         self, found: Queued, n: int, req: Req, later: list[Req]

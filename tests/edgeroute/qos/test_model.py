@@ -473,8 +473,8 @@ def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: st
     assert pending.replay.size == drops  # only the drops, at 0
     env.drain()
     routed = [item[0] for item in pending.waiting]
-    shared = env.shared_impacts()
-    costs = [shared[r] if impact == "shared" else env.hindsight_impact(r) for r in routed]
+    charges = env.hindsight_charges()
+    costs = [charges[r].shared if impact == "shared" else env.hindsight_impact(r) for r in routed]
     pending.settle(env, ended=True)
     assert pending.replay.size == 400 and not pending.waiting
     assert any(c > 0 for c in costs)

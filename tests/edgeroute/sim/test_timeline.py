@@ -380,7 +380,9 @@ def test_a_loss_that_several_requests_each_caused_is_shared_among_them() -> None
     assert [env.qos(r) for r in (first, second, third)] == [0.8, 0.8, 0.0]
     hindsight = [env.hindsight_impact(r) for r in (first, second, third)]
     assert hindsight == [pytest.approx(0.8), pytest.approx(0.8), 0.0]
-    shared = env.shared_impacts()
+    charges = env.hindsight_charges()
+    assert [charges[r].hindsight for r in (first, second, third)] == hindsight
+    shared = {r: c.shared for r, c in charges.items()}
     assert [shared[r] for r in (first, second, third)] == [
         pytest.approx(0.4),
         pytest.approx(0.4),
