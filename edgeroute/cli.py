@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from edgeroute.bench.cli import DefaultsHelp, add_fleet_options, fleet_from, ms_range, positive_ms
+from edgeroute.bench.cli import (
+    DefaultsHelp,
+    add_fleet_options,
+    fleet_from,
+    positive_ms,
+    positive_range,
+)
 from edgeroute.bench.cli import add_parser as add_bench
 from gateway.logs import configure
 from gateway.serving import (
@@ -241,6 +247,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         latency_ms=args.latency_ms,
         randomise=args.randomise,
         latencies_ms=args.latencies,
+        latency_over_fastest=args.latency_over_fastest,
         fleet=fleet_from(args),
         scrape_ms=args.scrape_ms,
         drop=not args.no_drop,
@@ -507,10 +514,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--latencies",
-        type=ms_range,
+        type=positive_range,
         default=t.latencies_ms,
         metavar="LO,HI",
         help="with --randomise: the range each episode's L (ms) is drawn from",
+    )
+    q.add_argument(
+        "--latency-over-fastest",
+        type=positive_range,
+        default=t.latency_over_fastest,
+        metavar="LO,HI",
+        help="with --randomise: draw each episode's L as its fastest expert's base ms per "
+        "iteration times a factor in [LO, HI], instead of from --latencies",
     )
     add_fleet_options(q)
     q.add_argument(

@@ -17,12 +17,13 @@ if TYPE_CHECKING:
 _N = TypeVar("_N", int, float)
 
 
-def ms_range(text: str) -> tuple[float, float]:
-    """`--latencies LO,HI`, `--hardware-ms LO,HI`: a range in ms, 0 < LO <= HI."""
+def positive_range(text: str) -> tuple[float, float]:
+    """`--latencies LO,HI`, `--hardware-ms LO,HI` (ms), `--latency-over-fastest LO,HI`
+    (factors): a range with 0 < LO <= HI."""
     try:
         low, high = (float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO,HI in ms, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected LO,HI, not {text!r}") from None
     if not 0 < low <= high:
         raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
     return low, high
@@ -35,7 +36,7 @@ def add_fleet_options(p: argparse.ArgumentParser) -> None:
     f = Fleet()
     p.add_argument(
         "--hardware-ms",
-        type=ms_range,
+        type=positive_range,
         default=f.hardware_ms,
         metavar="LO,HI",
         help="the range the experts' base ms per iteration is drawn from",

@@ -316,7 +316,7 @@ def main(
     fleets = sorted({trained_fleet(d).describe() for dirs in models.values() for d in dirs})
     notes = [
         f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
-        f"and L in {' or '.join(latencies)} ms per episode, on hardware seeds 1-10000 "
+        f"and L in {' or '.join(latencies)} per episode, on hardware seeds 1-10000 "
         f"({'; or '.join(fleets)}; evaluated on "
         f"{'the live engines' if hardware == 'engines' else fleet.describe()}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "

@@ -196,7 +196,7 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} "
         f"({Fleet.from_record(cfg).describe()})"
         + (
-            f", lambda in [3, 8]/s and L in {latencies} ms."
+            f", lambda in [3, 8]/s and L in {latencies}."
             if cfg.get("randomise")
             else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
         ),

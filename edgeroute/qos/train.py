@@ -94,15 +94,16 @@ def make_env(
 
 def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> None:
     hardware = int(rng.integers(TRAIN_HARDWARE.start, TRAIN_HARDWARE.stop))
-    rate, latency = cfg.rate, cfg.latency_ms
+    experts = experts_for(cfg, hardware)
+    rate, latency = cfg.rate, cfg.latency_ms / 1000
     if cfg.randomise:
-        rate, latency = float(rng.uniform(*RATES)), float(rng.uniform(*cfg.latencies_ms))
-    env.reset(
-        int(rng.integers(1 << 30)),
-        experts=experts_for(cfg, hardware),
-        rate=rate,
-        latency_req=latency / 1000,
-    )
+        rate = float(rng.uniform(*RATES))
+        if cfg.latency_over_fastest is None:
+            latency = float(rng.uniform(*cfg.latencies_ms)) / 1000
+        else:
+            fastest = min(e.base for e in experts)
+            latency = fastest * float(rng.uniform(*cfg.latency_over_fastest))
+    env.reset(int(rng.integers(1 << 30)), experts=experts, rate=rate, latency_req=latency)
 
 
 class Pending:

@@ -140,6 +140,12 @@ def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) ->
         with pytest.raises(SystemExit):
             parser.parse_args(["train", "qos", "--latencies", bad])
         assert "--latencies: expected" in capsys.readouterr().err
+    over = parser.parse_args(["train", "qos", "--latency-over-fastest", "1,2"])
+    assert over.latency_over_fastest == (1.0, 2.0)
+    assert parser.parse_args(["train", "qos"]).latency_over_fastest is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "qos", "--latency-over-fastest", "2,1"])
+    assert "--latency-over-fastest: expected" in capsys.readouterr().err
     args = parser.parse_args(["train", "qos", "--hardware-ms", "10,40"])
     assert args.hardware_ms == (10.0, 40.0)
     assert parser.parse_args(["train", "qos"]).hardware_ms == (10.0, 22.0)  # the paper's

@@ -332,14 +332,43 @@ def test_episodes_draw_their_latency_target_from_the_configured_range() -> None:
     assert 0.020 <= env.L <= 0.040  # the paper's sweep by default
 
 
+@needs_data("the quality data")
+def test_episodes_can_draw_their_latency_target_over_the_fastest_expert() -> None:
+    from edgeroute.qos.train import make_env, new_episode
+
+    cfg = tiny(latency_over_fastest=(1.0, 1.3), fleet=Fleet(hardware_ms=(10.0, 40.0)))
+    env = make_env(cfg, DATA_DIR)
+    rng = np.random.default_rng(0)
+    ratios, fastest = [], set()
+    for _ in range(20):
+        new_episode(env, cfg, rng)
+        bases = sorted(e.base for e in env.specs)
+        ratios.append(env.L / bases[0])
+        fastest.add(bases[0])
+    # each episode's own fleet sets the scale, and some targets only its fastest can meet
+    assert all(1.0 <= r <= 1.3 for r in ratios) and len(fastest) > 1
+    assert len(set(ratios)) == 20
+
+
+def test_latency_factors_are_low_then_high() -> None:
+    with pytest.raises(ValueError, match="low then high"):
+        tiny(latency_over_fastest=(2.0, 1.0))
+    with pytest.raises(ValueError, match="low then high"):
+        tiny(latency_over_fastest=(0.0, 1.0))
+
+
 def test_a_runs_latency_range_is_read_from_its_record(tmp_path: Path) -> None:
     from edgeroute.qos.config import trained_latencies
 
     wide = Path(__file__).parents[3] / "models/qos/routerdc/attempts/wide-L/full-s0"
-    assert trained_latencies(wide) == "[15, 40]"
+    assert trained_latencies(wide) == "[15, 40] ms"
     (tmp_path / "training.json").write_text('{"config": {"variant": "full"}}')
-    assert trained_latencies(tmp_path) == "[20, 40]"  # a record from before the setting
-    assert trained_latencies(tmp_path / "none") == "[20, 40]"
+    assert trained_latencies(tmp_path) == "[20, 40] ms"  # a record from before the setting
+    assert trained_latencies(tmp_path / "none") == "[20, 40] ms"
+    (tmp_path / "training.json").write_text(
+        '{"config": {"latencies_ms": [20, 40], "latency_over_fastest": [1, 2]}}'
+    )
+    assert trained_latencies(tmp_path) == "[1, 2] times the fastest expert's ms per iteration"
 
 
 @needs_data("the quality data")
