@@ -339,15 +339,17 @@ def test_episodes_can_draw_their_latency_target_over_the_fastest_expert() -> Non
     cfg = tiny(latency_over_fastest=(1.0, 1.3), fleet=Fleet(hardware_ms=(10.0, 40.0)))
     env = make_env(cfg, DATA_DIR)
     rng = np.random.default_rng(0)
-    ratios, fastest = [], set()
+    ratios, fastest, only_fastest = [], set(), 0
     for _ in range(20):
         new_episode(env, cfg, rng)
         bases = sorted(e.base for e in env.specs)
         ratios.append(env.L / bases[0])
         fastest.add(bases[0])
+        only_fastest += bases[0] <= env.L < bases[1]
     # each episode's own fleet sets the scale, and some targets only its fastest can meet
     assert all(1.0 <= r <= 1.3 for r in ratios) and len(fastest) > 1
     assert len(set(ratios)) == 20
+    assert only_fastest > 0
 
 
 def test_latency_factors_are_low_then_high() -> None:
