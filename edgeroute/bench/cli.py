@@ -325,6 +325,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     qp.add_argument("--json", help="also write the results as JSON here")
     qp.set_defaults(func=lambda a: _qos_pool(a))
+    pd = command("qos-paired", help="paired differences between policies of one QoS run")
+    pd.add_argument("run", type=Path, metavar="RESULTS.json", help="`bench qos` results")
+    pd.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        type=policy_pair,
+        metavar="A,B",
+        help="A minus B seed by seed, repeatable; default: the first agent minus each other",
+    )
+    pd.add_argument("--json", help="also write the table as JSON here")
+    pd.set_defaults(func=lambda a: _qos_paired(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
     g.set_defaults(func=lambda a: _growth(a))
@@ -625,6 +637,23 @@ def _qos_pool(a: argparse.Namespace) -> None:
         main(a.runs, a.json)
     except NotPoolable as exc:
         raise SystemExit(f"edgeroute bench qos-pool: {exc}") from None
+
+
+def policy_pair(text: str) -> tuple[str, str]:
+    """`A,B`: two policies' names."""
+    a, comma, b = text.partition(",")
+    if not comma or not a or not b or "," in b:
+        raise argparse.ArgumentTypeError(f"a pair is two names, A,B, not {text!r}")
+    return a, b
+
+
+def _qos_paired(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_paired import NotPaired, main
+
+    try:
+        main(a.run, a.pair, a.json)
+    except NotPaired as exc:
+        raise SystemExit(f"edgeroute bench qos-paired: {exc}") from None
 
 
 def _growth(a: argparse.Namespace) -> None:
