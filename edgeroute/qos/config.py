@@ -206,6 +206,9 @@ class TrainConfig:
             raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
         if self.buffer < 1:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
+        low, high = self.latencies_ms
+        if not 0 < low <= high:
+            raise ValueError(f"the range L is drawn from is low then high ms, not {low, high}")
         factors = self.latency_over_fastest
         if factors is not None and not 0 < factors[0] <= factors[1]:
             raise ValueError(
