@@ -287,6 +287,20 @@ def cmd_qos_curves(args: argparse.Namespace) -> None:
     write_curves(runs, RESULTS / f"qos_training_{args.name or runs.name}.png")
 
 
+def cmd_qos_last(args: argparse.Namespace) -> None:
+    from edgeroute.qos.train import export_last
+
+    try:
+        record = export_last(Path(args.run), Path(args.out))
+    except ValueError as exc:
+        raise SystemExit(f"edgeroute train qos-last: {exc}") from None
+    print(
+        f"{args.out}/actor.onnx: the actor at step {record['kept_step']} (evaluated "
+        f"{record['kept_eval_qos']:.3f}; the run's best {record['best_eval_qos']:.3f}); "
+        f"ONNX parity max |diff| {record['onnx_parity_max_abs']:.2e}"
+    )
+
+
 def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
     from edgeroute.qos.rebuild import adopt, compare, run_pairs
 
@@ -606,6 +620,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", help="the plot is bench/results/qos_training_NAME.png (default: the folder's)"
     )
     qv.set_defaults(func=cmd_qos_curves)
+
+    ql = which.add_parser(
+        "qos-last",
+        help="export a run's final actor (from its checkpoint) rather than its best-evaluated",
+        formatter_class=DefaultsHelp,
+    )
+    ql.add_argument("run", help="a run's folder, with its checkpoint.pt")
+    ql.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    ql.set_defaults(func=cmd_qos_last)
 
     qr = which.add_parser(
         "qos-rebuilt",

@@ -31,6 +31,7 @@ from edgeroute.qos.config import (
     TrainConfig,
     current_shape,
     quality_dir,
+    read_record,
     write_record,
 )
 from edgeroute.qos.evaluate import Policy, evaluate, shortest_queue
@@ -43,6 +44,7 @@ from edgeroute.sim.edge import (
     TRAIN_HARDWARE,
     EdgeEnv,
     EdgeExpert,
+    Fleet,
     NoisyOracle,
     Predictor,
     Req,
@@ -336,3 +338,33 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         f"{diff:.2e}; exported {out / 'actor.onnx'}"
     )
     return result
+
+
+def export_last(run: Path, out: Path) -> dict[str, object]:
+    """The final actor of `run`'s checkpoint, rather than its best-evaluated one,
+    exported to `out` with the run's record marked `kept: last` (the step, and the
+    evaluation there). Picking the best of many noisy evaluations favours a lucky
+    checkpoint; the last one is what training converged to, chosen without looking at
+    any evaluation. The run's own folder is left as it was."""
+    if out.resolve() == run.resolve():
+        raise ValueError("the last actor goes to another folder than its run's")
+    ckpt = run / "checkpoint.pt"
+    if not ckpt.exists():
+        raise ValueError(f"{run} has no checkpoint (they are not committed)")
+    state = torch.load(ckpt, weights_only=False)
+    config = current_shape(state["config"])
+    cfg = TrainConfig(**{**config, "fleet": Fleet.from_record(config)})
+    sac = SAC(cfg.sac(), experts=cfg.experts)
+    sac.load_state_dict(state["sac"])
+    out.mkdir(parents=True, exist_ok=True)
+    export_actor(sac.actor, out / "actor.onnx")
+    last = state["history"][-1]
+    record = {
+        **read_record(run),
+        "kept": "last",
+        "kept_step": state["step"],
+        "kept_eval_qos": last["qos"],
+        "onnx_parity_max_abs": parity(sac.actor, out / "actor.onnx"),
+    }
+    write_record(out, record)
+    return record

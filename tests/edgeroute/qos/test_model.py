@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from edgeroute.cli import main
 from edgeroute.qos.config import (
     QUALITIES,
     SWEEP_LATENCIES_MS,
@@ -19,11 +20,13 @@ from edgeroute.qos.config import (
     TrainConfig,
     quality_flag,
     quality_suffix,
+    read_record,
+    trained_fleet,
 )
 from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
-from edgeroute.qos.train import eval_settings, train
+from edgeroute.qos.train import eval_settings, export_last, train
 from edgeroute.sim.edge import Fleet, Quality
 from policies.predictor import DEFAULT_MODEL_DIR
 from policies.qos_state import INPUTS
@@ -243,6 +246,45 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
     with pytest.raises(SystemExit, match="another config"):
         train(tiny(steps=384, lr=1e-3), DATA_DIR, tmp_path)  # not the same run
+
+
+@needs_data("the quality data")
+def test_the_last_actor_is_the_checkpoints_exported_beside_the_run(tmp_path: Path) -> None:
+    """`export_last` writes the checkpoint's actor, not the best-evaluated one, with the
+    run's record marked as such, and leaves the run's folder as it was."""
+    run, out = tmp_path / "run", tmp_path / "last"
+    train(tiny(steps=256, fleet=Fleet(hardware_ms=(10.0, 40.0))), DATA_DIR, run)
+    # a best actor unlike the last, so that exporting it instead would show
+    best = torch.load(run / "best_actor.pt")
+    torch.save({k: torch.zeros_like(v) for k, v in best.items()}, run / "best_actor.pt")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    record = export_last(run, out)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert record["kept"] == "last" and record["kept_step"] == 256
+    assert record["kept_eval_qos"] == read_record(run)["history"][-1]["qos"]
+    assert record["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
+    assert read_record(out) == record and trained_fleet(out) == trained_fleet(run)
+    # the checkpoint's actor: its encoder is the critic's, its head the actor's own
+    state = torch.load(run / "checkpoint.pt", weights_only=False)["sac"]
+    exported = load_actor(out / "actor.onnx", record["config"]).state_dict()  # type: ignore[arg-type]
+    for name, value in state["actor_head"].items():
+        assert torch.allclose(exported[f"head.{name}"], value)
+    for name, value in exported.items():
+        if name.startswith("encoder."):
+            assert torch.allclose(value, state["critic"][name])
+
+
+@needs_data("the quality data")
+def test_the_last_actor_needs_a_checkpoint_and_a_folder_of_its_own(tmp_path: Path) -> None:
+    train(tiny(steps=128), DATA_DIR, tmp_path)
+    with pytest.raises(ValueError, match="another folder"):
+        export_last(tmp_path, tmp_path / ".")
+    (tmp_path / "checkpoint.pt").unlink()
+    with pytest.raises(ValueError, match="no checkpoint"):
+        export_last(tmp_path, tmp_path / "last")
+    with pytest.raises(SystemExit, match=r"edgeroute train qos-last: .* no checkpoint"):
+        main(["train", "qos-last", str(tmp_path), "--out", str(tmp_path / "last")])
+    assert not (tmp_path / "last").exists()
 
 
 @needs_data("the quality data")
