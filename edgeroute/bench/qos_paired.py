@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.stats import interval
+from edgeroute.bench.stats import paired_interval
 from edgeroute.results_io import table
 
 _RUNS = re.compile(r" \(\d+ seeds\)$")  # `bench qos` names an agent of k runs "name (k seeds)"
@@ -63,11 +63,9 @@ def paired_rows(payload: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> li
                     )
             if len(qos[a]) != len(qos[b]):
                 raise NotPaired(f"{a} and {b} have different seeds at {setting}")
-            diffs = [x - y for x, y in zip(qos[a], qos[b], strict=True)]
-            mean, half = interval(diffs)
-            above = sum(d > 0 for d in diffs)
+            mean, half, above = paired_interval(qos[a], qos[b])
             row[f"{a} - {b}"] = (
-                f"{mean:+.3f} ± {half:.3f} ({above} of {len(diffs)}) {_apart(mean, half)}"
+                f"{mean:+.3f} ± {half:.3f} ({above} of {len(qos[a])}) {_apart(mean, half)}"
             )
         rows.append(row)
     return rows

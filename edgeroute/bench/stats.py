@@ -51,15 +51,25 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 def shown(values: list[float]) -> str:
     """`mean ± half-width`, or n/a."""
-    mean, half = interval(values)
+    return _shown(*interval(values))
+
+
+def _shown(mean: float, half: float) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.3g} ± {half:.2g}"
 
 
-def paired(first: list[float], other: list[float]) -> str:
-    """`first` minus `other`, seed by seed: the mean difference with its 95% interval,
-    and on how many seeds `first` was above."""
+def paired_interval(first: list[float], other: list[float]) -> tuple[float, float, int]:
+    """`first` minus `other`, seed by seed: the mean difference, the half-width of its
+    95% interval, and on how many seeds `first` was above."""
     diffs = [a - b for a, b in zip(first, other, strict=True)]
-    return f"{shown(diffs)} (above on {sum(d > 0 for d in diffs)} of {len(diffs)})"
+    mean, half = interval(diffs)
+    return mean, half, sum(d > 0 for d in diffs)
+
+
+def paired(first: list[float], other: list[float]) -> str:
+    """`paired_interval` as text: `mean ± half-width (above on k of n)`."""
+    mean, half, above = paired_interval(first, other)
+    return f"{_shown(mean, half)} (above on {above} of {len(first)})"
 
 
 def paired_each(first: list[float], others: Mapping[str, list[float]]) -> str:
