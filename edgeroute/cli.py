@@ -262,6 +262,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         buffer=args.buffer,
         eval_every=args.eval_every,
         select_on=args.select_on,
+        keep=args.keep,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
         lr=args.lr,
@@ -483,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="the paper's agent, its DSA ablation, or the baseline RL",
     )
-    from edgeroute.qos.config import QUALITIES, TrainConfig
+    from edgeroute.qos.config import KEEP, QUALITIES, TrainConfig
 
     t = TrainConfig()
     q.add_argument(
@@ -508,6 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=t.select_on,
         help="choose the checkpoint on the default setting or on every point of the "
         "paper's sweep (training hardware and prompts either way)",
+    )
+    q.add_argument(
+        "--keep",
+        choices=KEEP,
+        default=t.keep,
+        help="export the actor of the best evaluation, or of the last step (chosen without "
+        "looking at any evaluation; `train qos-last` does it for a run already trained)",
     )
     q.add_argument("--envs", type=int, default=t.envs, help="environments stepped together")
     q.add_argument(

@@ -89,19 +89,30 @@ def trained_at(runs: dict[str, dict[str, Any]]) -> str:
     return line
 
 
+def kept(run: dict[str, Any]) -> tuple[str, int, float]:
+    """The actor a run's record exports: "best" or "last", its step and its evaluation.
+    Records from before the choice was a setting kept the best."""
+    if run.get("kept") == "last":
+        return "last", run["kept_step"], run["kept_eval_qos"]
+    best = run["best_eval_qos"]
+    return "best", next(h["step"] for h in run["history"] if h["qos"] == best), best
+
+
 def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """The card's table of runs: budget, speed, best evaluation, and how flat each
-    curve's end is, by argmax and by draws."""
+    """The card's table of runs: budget, speed, best evaluation, the actor kept, and how
+    flat each curve's end is, by argmax and by draws."""
     lines = [
-        "| run | steps | minutes | steps/s | best eval QoS | SQF, same eval | last-third "
-        "minus middle-third | the same, by draws | ONNX parity |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | steps | minutes | steps/s | best eval QoS | kept actor | SQF, same eval | "
+        "last-third minus middle-third | the same, by draws | ONNX parity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in runs.items():
         flat = [plateau(run["history"], key) for key in ("qos", "qos_drawn")]
+        rule, step, qos = kept(run)
         lines.append(
             f"| {name} | {run['history'][-1]['step']} | {run['seconds'] / 60:.1f} | "
             f"{run.get('steps_per_second', 0):.0f} | {run['best_eval_qos']:.3f} | "
+            f"{rule}, step {step}: {qos:.3f} | "
             f"{run['sqf_eval_qos']:.3f} | "
             + " | ".join("not measured" if f is None else f"{f:+.3f}" for f in flat)
             + f" | {run['onnx_parity_max_abs']:.1e} |"
@@ -155,12 +166,13 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
     if not runs:
         raise SystemExit(f"no training records in {model_dir / 'runs'}")
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
-    shipped = max(full or runs, key=lambda k: runs[k]["best_eval_qos"])
+    shipped = max(full or runs, key=lambda k: kept(runs[k])[2])
     cfg = runs[shipped]["config"]
     latencies = latency_range(cfg)
     quality = cfg.get("quality", QUALITIES[0])
     suffix, flag = quality_suffix(quality), quality_flag(quality)
     selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
+    selection += " --keep last" if cfg.get("keep") == "last" else ""
     selection += Fleet.from_record(cfg).flags()
     plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
     splits = {
@@ -176,8 +188,8 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "",
         "## Files",
         "",
-        f"- `actor.onnx`: the actor of `runs/{shipped}` (the `full` run with the best",
-        "  evaluation on training hardware), HAN encoder and pointer head as one graph;",
+        f"- `actor.onnx`: the actor of `runs/{shipped}` (the `full` run whose kept actor",
+        "  evaluated best on training hardware), HAN encoder and pointer head as one graph;",
         "  inputs as in `policies/qos_state.py`, output logits over {drop, expert 1..N}.",
         "- `runs/<variant>-s<seed>/`: every training run's actor and record:",
         "  `full` (HAN + eq. 16's reward), `dsa` (HAN + completion reward) and `baseline`",

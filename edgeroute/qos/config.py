@@ -79,6 +79,7 @@ LATENCIES_MS = (20.0, 40.0)  # ... and of L
 # measures them.
 SWEEP_RATES = (3.0, 4.0, 6.0, 8.0)
 SWEEP_LATENCIES_MS = (20.0, 25.0, 40.0)
+KEEP = ("best", "last")  # the actor a training run exports (`TrainConfig.keep`)
 
 
 def latency_range(config: dict[str, Any]) -> str:
@@ -97,8 +98,9 @@ def current_shape(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded training config (a record's or a checkpoint's) in today's shape:
     configs from before the fleet was one setting hold its fields flat; those from
     before the drop action was optional had it; those from before the replay's size
-    was a setting kept SACConfig's."""
-    config = {"drop": True, "buffer": SACConfig.buffer, **config}
+    was a setting kept SACConfig's; those from before the kept actor was a setting
+    kept the best."""
+    config = {"drop": True, "buffer": SACConfig.buffer, "keep": "best", **config}
     if "fleet" in config:
         return config
     flat = {f.name for f in fields(Fleet)}
@@ -190,6 +192,10 @@ class TrainConfig:
     # Checkpoints are chosen on `eval_episodes` episodes of the default setting, or
     # ("sweep") one episode at each point of the paper's sweep (training data alike).
     select_on: str = "default"
+    # The actor a run exports: "best", its best evaluation's; or "last", the final
+    # step's, chosen without looking at any evaluation (the best of many noisy
+    # evaluations favours a lucky checkpoint; see docs/research.md, (45)).
+    keep: str = "best"
     episode_len: int = 256
     seed: int = 0
     zero_predictions: bool = False
@@ -206,6 +212,8 @@ class TrainConfig:
             raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
         if self.buffer < 1:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
+        if self.keep not in KEEP:
+            raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
         low, high = self.latencies_ms
         if not 0 < low <= high:
             raise ValueError(f"the range L is drawn from is low then high ms, not {low, high}")

@@ -20,6 +20,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -216,8 +217,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     reference = eval_score(eval_env, cfg, shortest_queue)
     if resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
-        # more steps: carry on
-        if {**current_shape(state["config"]), "steps": cfg.steps} != asdict(cfg):
+        # more steps, or another actor kept at the end: carry on
+        if {**current_shape(state["config"]), "steps": cfg.steps, "keep": cfg.keep} != asdict(cfg):
             raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
         sac.load_state_dict(state["sac"])
         replay.load_state_dict(state["replay"])
@@ -316,7 +317,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 f"entropy {last_log.get('entropy', float('nan')):.2f}{mark}",
                 flush=True,
             )
-    sac.actor.load_state_dict(torch.load(out / "best_actor.pt"))
+    if cfg.keep == "best":
+        sac.actor.load_state_dict(torch.load(out / "best_actor.pt"))
     export_actor(sac.actor, out / "actor.onnx")
     diff = parity(sac.actor, out / "actor.onnx")
     shares = {k: round(v / max(1e-9, sum(spent.values())), 3) for k, v in spent.items()}
@@ -326,6 +328,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         "best_eval_qos": best,
         "sqf_eval_qos": reference["qos"],
         "onnx_parity_max_abs": diff,
+        **(kept_last(step, history) if cfg.keep == "last" else {}),
         "history": history,
         "seconds": round(time.time() - started, 1),
         "steps_per_second": round(step / (time.time() - started), 1),
@@ -334,10 +337,16 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     write_record(out, result)
     print("time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print(
-        f"best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); ONNX parity max |diff| "
+        f"kept the {cfg.keep} actor; best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); "
+        f"ONNX parity max |diff| "
         f"{diff:.2e}; exported {out / 'actor.onnx'}"
     )
     return result
+
+
+def kept_last(step: int, history: list[dict[str, Any]]) -> dict[str, object]:
+    """A record's note that its actor is the final step's, and that step's evaluation."""
+    return {"kept": "last", "kept_step": step, "kept_eval_qos": history[-1]["qos"]}
 
 
 def export_last(run: Path, out: Path) -> dict[str, object]:
@@ -358,12 +367,9 @@ def export_last(run: Path, out: Path) -> dict[str, object]:
     sac.load_state_dict(state["sac"])
     out.mkdir(parents=True, exist_ok=True)
     export_actor(sac.actor, out / "actor.onnx")
-    last = state["history"][-1]
     record = {
         **read_record(run),
-        "kept": "last",
-        "kept_step": state["step"],
-        "kept_eval_qos": last["qos"],
+        **kept_last(state["step"], state["history"]),
         "onnx_parity_max_abs": parity(sac.actor, out / "actor.onnx"),
     }
     write_record(out, record)

@@ -197,6 +197,17 @@ def test_no_drop_trains_without_the_drop_action() -> None:
         train_config(parser.parse_args(["train", "qos", "--episode-len", "0"]))
 
 
+def test_keep_chooses_the_exported_actor(capsys: pytest.CaptureFixture[str]) -> None:
+    from edgeroute.cli import train_config
+
+    parser = build_parser()
+    assert train_config(parser.parse_args(["train", "qos"])).keep == "best"
+    assert train_config(parser.parse_args(["train", "qos", "--keep", "last"])).keep == "last"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "qos", "--keep", "first"])
+    assert "--keep: invalid choice" in capsys.readouterr().err
+
+
 def test_the_replay_size_reaches_the_learner() -> None:
     from edgeroute.cli import train_config
 

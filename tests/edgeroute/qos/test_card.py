@@ -72,8 +72,17 @@ def test_the_runs_table_measures_both_curves_ends_where_recorded() -> None:
     assert header.count("|") == rule.count("|") == new.count("|") == old.count("|")
     cells = [c.strip() for c in new.split("|")[1:-1]]
     assert cells[0] == "dsa-s1" and cells[1] == "60000" and cells[4] == "0.400"
-    assert cells[6:8] == ["-0.250", "+0.000"]  # (0.1+0.2)/2 - 0.4, and 0.35 - 0.35
-    assert [c.strip() for c in old.split("|")[7:9]] == ["-0.250", "not measured"]
+    assert cells[5] == "best, step 30000: 0.400"  # the first evaluation at the best
+    assert cells[7:9] == ["-0.250", "+0.000"]  # (0.1+0.2)/2 - 0.4, and 0.35 - 0.35
+    assert [c.strip() for c in old.split("|")[8:10]] == ["-0.250", "not measured"]
+
+
+def test_the_runs_table_names_a_last_actor_as_kept() -> None:
+    last = run_record([0.3, 0.4, 0.2], None, kept="last", kept_step=30_000, kept_eval_qos=0.2)
+    [_, _, row] = card.runs_table({"full-s0": last})
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[4:6] == ["0.400", "last, step 30000: 0.200"]
+    assert card.kept(last) == ("last", 30_000, 0.2)
 
 
 def test_rebuilt_runs_name_both_commits() -> None:

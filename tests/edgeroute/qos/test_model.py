@@ -275,6 +275,35 @@ def test_the_last_actor_is_the_checkpoints_exported_beside_the_run(tmp_path: Pat
 
 
 @needs_data("the quality data")
+def test_a_run_that_keeps_its_last_actor_exports_what_qos_last_would(tmp_path: Path) -> None:
+    """`keep="last"` exports the final step's actor in the run itself: the very graph
+    `export_last` writes from its checkpoint, with the same note in the record."""
+    run = tmp_path / "run"
+    result = train(tiny(steps=256, keep="last"), DATA_DIR, run)
+    record = export_last(run, tmp_path / "after")
+    assert (run / "actor.onnx").read_bytes() == (tmp_path / "after" / "actor.onnx").read_bytes()
+    assert result["kept"] == record["kept"] == "last"
+    assert result["kept_step"] == record["kept_step"] == 256
+    assert result["kept_eval_qos"] == record["kept_eval_qos"] == result["history"][-1]["qos"]  # type: ignore[index]
+    # and one that keeps its best does not say it kept the last
+    assert "kept" not in train(tiny(steps=128), DATA_DIR, tmp_path / "best")
+
+
+def test_a_run_keeps_its_best_or_its_last_actor_and_nothing_else() -> None:
+    with pytest.raises(ValueError, match="best or last actor, not 'first'"):
+        tiny(keep="first")
+
+
+@needs_data("the quality data")
+def test_a_run_resumed_may_keep_another_actor_but_not_change_its_training(
+    tmp_path: Path,
+) -> None:
+    train(tiny(steps=128), DATA_DIR, tmp_path)
+    result = train(tiny(steps=256, keep="last"), DATA_DIR, tmp_path)
+    assert result["kept"] == "last" and result["kept_step"] == 256
+
+
+@needs_data("the quality data")
 def test_the_last_actor_needs_a_checkpoint_and_a_folder_of_its_own(tmp_path: Path) -> None:
     train(tiny(steps=128), DATA_DIR, tmp_path)
     with pytest.raises(ValueError, match="another folder"):
