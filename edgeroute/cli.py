@@ -284,8 +284,10 @@ def cmd_qos_curves(args: argparse.Namespace) -> None:
     from edgeroute.qos.card import write_curves
     from edgeroute.results_io import RESULTS
 
-    runs = Path(args.runs)
-    write_curves(runs, RESULTS / f"qos_training_{args.name or runs.name}.png")
+    runs = [Path(p) for p in args.runs]
+    if len(runs) > 1 and not args.name:
+        raise SystemExit("edgeroute train qos-curves: several runs need --name for their plot")
+    write_curves(runs, RESULTS / f"qos_training_{args.name or runs[0].name}.png")
 
 
 def cmd_qos_last(args: argparse.Namespace) -> None:
@@ -623,9 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot the learning curves of the QoS runs in a folder (argmax solid, draws dotted)",
         formatter_class=DefaultsHelp,
     )
-    qv.add_argument("runs", help="a folder of runs, each with its training.json")
     qv.add_argument(
-        "--name", help="the plot is bench/results/qos_training_NAME.png (default: the folder's)"
+        "runs", nargs="+", help="runs (folders with a training.json) or folders of runs"
+    )
+    qv.add_argument(
+        "--name",
+        help="the plot is bench/results/qos_training_NAME.png (default: the folder's; "
+        "needed for several)",
     )
     qv.set_defaults(func=cmd_qos_curves)
 

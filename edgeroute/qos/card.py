@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from edgeroute.qos.config import (
     MODEL_ROOT,
     QUALITIES,
     QUALITY_PROMPTS,
+    RECORD,
     latency_range,
     quality_dir,
     quality_flag,
@@ -151,12 +152,15 @@ def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
     save_figure(fig, out)
 
 
-def write_curves(runs_dir: Path, out: Path) -> Path:
-    """The learning curves of every run under `runs_dir` (its `*/training.json`), as the
-    model card draws them, written to `out`."""
-    runs = runs_of(runs_dir)
-    if not runs:
-        raise SystemExit(f"no training records in {runs_dir}")
+def write_curves(paths: Sequence[Path], out: Path) -> Path:
+    """The learning curves of runs, as the model card draws them, written to `out`:
+    each path a run (a folder with its record) or a folder of runs."""
+    runs: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        found = {path.name: read_record(path)} if (path / RECORD).exists() else runs_of(path)
+        if not found:
+            raise SystemExit(f"no training records in {path}")
+        runs.update(found)
     plot_curves(runs, out)
     return out
 

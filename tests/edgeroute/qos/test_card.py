@@ -30,7 +30,7 @@ def test_curves_draw_each_run_by_argmax_and_by_draws_where_recorded(
     record(tmp_path / "runs", "old", drawn=False)
     figures: list[Any] = []
     monkeypatch.setattr(card, "save_figure", lambda fig, path: figures.append((fig, path)))
-    out = card.write_curves(tmp_path / "runs", tmp_path / "curves.png")
+    out = card.write_curves([tmp_path / "runs"], tmp_path / "curves.png")
     [(fig, path)] = figures
     assert path == out == tmp_path / "curves.png"
     drawn = [line for line in fig.axes[0].lines if len(line.get_xdata())]
@@ -40,9 +40,33 @@ def test_curves_draw_each_run_by_argmax_and_by_draws_where_recorded(
     assert dotted == [pytest.approx([0.3, 0.2])]  # only the run that recorded it
 
 
+def test_curves_take_runs_one_by_one_and_folders_of_runs_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(tmp_path / "a", "r1", drawn=False)
+    record(tmp_path / "a", "r2", drawn=False)
+    record(tmp_path / "b", "r3", drawn=False)
+    drawn: list[list[str]] = []
+    monkeypatch.setattr(card, "plot_curves", lambda runs, out: drawn.append(sorted(runs)))
+    card.write_curves([tmp_path / "a", tmp_path / "b" / "r3"], tmp_path / "curves.png")
+    assert drawn == [["r1", "r2", "r3"]]
+
+
 def test_a_folder_without_records_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no training records"):
-        card.write_curves(tmp_path, tmp_path / "curves.png")
+        card.write_curves([tmp_path], tmp_path / "curves.png")
+    record(tmp_path, "r1", drawn=False)
+    with pytest.raises(SystemExit, match=r"no training records in .*empty"):
+        card.write_curves([tmp_path, tmp_path / "empty"], tmp_path / "curves.png")
+
+
+def test_several_runs_need_a_name_for_their_plot(tmp_path: Path) -> None:
+    from edgeroute.cli import main
+
+    record(tmp_path, "r1", drawn=False)
+    record(tmp_path, "r2", drawn=False)
+    with pytest.raises(SystemExit, match="several runs need --name"):
+        main(["train", "qos-curves", str(tmp_path / "r1"), str(tmp_path / "r2")])
 
 
 def run_record(qos: list[float], drawn: list[float] | None, **extra: Any) -> dict[str, Any]:
