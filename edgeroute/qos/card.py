@@ -90,13 +90,14 @@ def trained_at(runs: dict[str, dict[str, Any]]) -> str:
     return line
 
 
-def kept(run: dict[str, Any]) -> tuple[str, int, float]:
-    """The actor a run's record exports: "best" or "last", its step and its evaluation.
-    Records from before the choice was a setting kept the best."""
+def kept(run: dict[str, Any]) -> tuple[str, int | None, float]:
+    """The actor a run's record exports: "best" or "last", its step (None if the
+    history does not hold it) and its evaluation. Records from before the choice was a
+    setting kept the best."""
     if run.get("kept") == "last":
         return "last", run["kept_step"], run["kept_eval_qos"]
     best = run["best_eval_qos"]
-    return "best", next(h["step"] for h in run["history"] if h["qos"] == best), best
+    return "best", next((h["step"] for h in run["history"] if h["qos"] == best), None), best
 
 
 def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -110,10 +111,11 @@ def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     for name, run in runs.items():
         flat = [plateau(run["history"], key) for key in ("qos", "qos_drawn")]
         rule, step, qos = kept(run)
+        at = "" if step is None else f", step {step}"
         lines.append(
             f"| {name} | {run['history'][-1]['step']} | {run['seconds'] / 60:.1f} | "
             f"{run.get('steps_per_second', 0):.0f} | {run['best_eval_qos']:.3f} | "
-            f"{rule}, step {step}: {qos:.3f} | "
+            f"{rule}{at}: {qos:.3f} | "
             f"{run['sqf_eval_qos']:.3f} | "
             + " | ".join("not measured" if f is None else f"{f:+.3f}" for f in flat)
             + f" | {run['onnx_parity_max_abs']:.1e} |"
@@ -160,6 +162,9 @@ def write_curves(paths: Sequence[Path], out: Path) -> Path:
         found = {path.name: read_record(path)} if (path / RECORD).exists() else runs_of(path)
         if not found:
             raise SystemExit(f"no training records in {path}")
+        if twice := sorted(found.keys() & runs.keys()):
+            # the plot names runs by their folders: one of the two would be lost
+            raise SystemExit(f"two runs named {', '.join(twice)}; plot them apart")
         runs.update(found)
     plot_curves(runs, out)
     return out

@@ -60,6 +60,13 @@ def test_a_folder_without_records_is_refused(tmp_path: Path) -> None:
         card.write_curves([tmp_path, tmp_path / "empty"], tmp_path / "curves.png")
 
 
+def test_two_runs_of_one_name_are_refused_rather_than_one_lost(tmp_path: Path) -> None:
+    record(tmp_path / "a", "full-s0", drawn=False)
+    record(tmp_path / "b", "full-s0", drawn=False)
+    with pytest.raises(SystemExit, match="two runs named full-s0"):
+        card.write_curves([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
+
+
 def test_several_runs_need_a_name_for_their_plot(tmp_path: Path) -> None:
     from edgeroute.cli import main
 
@@ -107,6 +114,10 @@ def test_the_runs_table_names_a_last_actor_as_kept() -> None:
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[4:6] == ["0.400", "last, step 30000: 0.200"]
     assert card.kept(last) == ("last", 30_000, 0.2)
+    # a best the history does not hold (a record rewritten since) is named without a step
+    unheld = {**run_record([0.3, 0.4], None), "best_eval_qos": 0.45}
+    assert card.kept(unheld) == ("best", None, 0.45)
+    assert "| best: 0.450 |" in card.runs_table({"full-s0": unheld})[2]
 
 
 def test_rebuilt_runs_name_both_commits() -> None:
