@@ -338,8 +338,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     print("time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print(
         f"kept the {cfg.keep} actor; best eval QoS {best:.3f} (SQF {reference['qos']:.3f}); "
-        f"ONNX parity max |diff| "
-        f"{diff:.2e}; exported {out / 'actor.onnx'}"
+        f"ONNX parity max |diff| {diff:.2e}; exported {out / 'actor.onnx'}"
     )
     return result
 
