@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, QUALITIES
-from edgeroute.sim.edge import Fleet
+from edgeroute.sim.edge import Fleet, check_range
 
 if TYPE_CHECKING:
     from edgeroute.bench.qos import Hardware
@@ -24,8 +24,10 @@ def positive_range(text: str) -> tuple[float, float]:
         low, high = (float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LO,HI, not {text!r}") from None
-    if not 0 < low <= high:
-        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, not {text!r}")
+    try:
+        check_range((low, high), "LO,HI")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return low, high
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from edgeroute.sim.edge import HINDSIGHT, Fleet, Quality
+from edgeroute.sim.edge import HINDSIGHT, Fleet, Quality, check_range
 
 MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
 
@@ -214,14 +214,9 @@ class TrainConfig:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.keep not in KEEP:
             raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
-        low, high = self.latencies_ms
-        if not 0 < low <= high:
-            raise ValueError(f"the range L is drawn from is low then high ms, not {low, high}")
-        factors = self.latency_over_fastest
-        if factors is not None and not 0 < factors[0] <= factors[1]:
-            raise ValueError(
-                f"L's factors over the fastest expert are low then high, not {factors}"
-            )
+        check_range(self.latencies_ms, "L in ms")
+        if self.latency_over_fastest is not None:
+            check_range(self.latency_over_fastest, "L's factor over the fastest expert")
         if self.impact in HINDSIGHT and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError(f"the {self.impact} impact is credited per request (credit 'request')")

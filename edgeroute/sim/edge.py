@@ -90,6 +90,14 @@ HELD_OUT_HARDWARE = tuple(held_out_hardware(k) for k in range(10))
 BASE_MS = (10.0, 22.0)
 
 
+def check_range(pair: tuple[float, float], what: str) -> None:
+    """Refuse `pair` unless it is a range low then high, above 0 (ValueError naming
+    `what`): one rule for every such setting, in code and on the command line."""
+    low, high = pair
+    if not 0 < low <= high:
+        raise ValueError(f"expected {what} low then high, above 0, not {low:g},{high:g}")
+
+
 @dataclass(frozen=True)
 class Fleet:
     """How a world's experts are drawn, one definition for training and benchmarks: the
@@ -101,6 +109,9 @@ class Fleet:
     running_cap: int = 5
     waiting_cap: int = 5
     memory_tokens: int | None = None  # None: each hardware seed's own, 2-6K
+
+    def __post_init__(self) -> None:
+        check_range(self.hardware_ms, "the experts' base ms per iteration")
 
     @classmethod
     def from_record(cls, config: dict[str, Any]) -> Fleet:

@@ -433,9 +433,9 @@ def test_latency_factors_are_low_then_high() -> None:
 def test_the_latency_range_is_low_then_high() -> None:
     # the command line refuses such a range too (`positive_range`); a config built in
     # code, as the tests and benchmarks build them, is held to it here
-    with pytest.raises(ValueError, match="low then high ms"):
+    with pytest.raises(ValueError, match="expected L in ms low then high"):
         tiny(latencies_ms=(40.0, 20.0))
-    with pytest.raises(ValueError, match="low then high ms"):
+    with pytest.raises(ValueError, match="expected L in ms low then high"):
         tiny(latencies_ms=(0.0, 20.0))
     assert tiny(latencies_ms=(25.0, 25.0)).latencies_ms == (25.0, 25.0)
 
