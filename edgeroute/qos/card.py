@@ -145,8 +145,10 @@ def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
     sqf = [run["sqf_eval_qos"] for run in runs.values()]
     if sqf:
         ax.axhline(statistics.fmean(sqf), color="k", ls="--", lw=1, label="SQF")
+    drawn_variants = {run["config"]["variant"] for run in runs.values()}
     for variant, colour in colours.items():
-        ax.plot([], [], color=colour, label=variant)
+        if variant in drawn_variants:  # the legend names only what the plot shows
+            ax.plot([], [], color=colour, label=variant)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("eval QoS (training hardware and prompts)")
     ax.legend(fontsize=8)

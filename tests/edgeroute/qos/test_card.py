@@ -38,6 +38,9 @@ def test_curves_draw_each_run_by_argmax_and_by_draws_where_recorded(
     dotted = [line.get_ydata().tolist() for line in drawn if line.get_linestyle() == ":"]
     assert sorted(solid) == [[0.2, 0.1], [0.2, 0.1]]
     assert dotted == [pytest.approx([0.3, 0.2])]  # only the run that recorded it
+    # the legend names the variants drawn (both runs are dsa), not every variant there is
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["by draws (solid: argmax)", "SQF", "dsa"]
 
 
 def test_curves_take_runs_one_by_one_and_folders_of_runs_together(
