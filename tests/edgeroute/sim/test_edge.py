@@ -13,6 +13,7 @@ from edgeroute.sim.edge import (
     Arrival,
     EdgeEnv,
     EdgeExpert,
+    Fleet,
     NoisyOracle,
     Task,
     azure_arrivals,
@@ -260,3 +261,12 @@ def test_more_live_engines_cycle_the_profiles_and_the_models() -> None:
             PROFILES[profile].base,
             PROFILES[profile].max_batch,
         )
+
+
+def test_a_fleet_built_in_code_is_held_to_the_range_rule() -> None:
+    # the command line refuses such a range (`positive_range`), and so does the fleet
+    with pytest.raises(ValueError, match="expected the experts' base ms per iteration low"):
+        Fleet(hardware_ms=(40.0, 10.0))
+    with pytest.raises(ValueError, match="above 0"):
+        Fleet(hardware_ms=(0.0, 10.0))
+    assert Fleet(hardware_ms=(25.0, 25.0)).hardware_ms == (25.0, 25.0)
