@@ -277,7 +277,12 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def cmd_qos_card(args: argparse.Namespace) -> None:
     from edgeroute.qos.card import write_card
 
-    write_card(Path(args.model_dir), Path(args.data_dir) if args.data_dir else default_data_dir())
+    write_card(
+        Path(args.model_dir),
+        Path(args.data_dir) if args.data_dir else default_data_dir(),
+        [Path(p) for p in args.sim],
+        [Path(p) for p in args.live],
+    )
 
 
 def cmd_qos_curves(args: argparse.Namespace) -> None:
@@ -615,6 +620,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelp,
     )
     qc.add_argument("--model-dir", default="models/qos", help="the model and its runs/")
+    qc.add_argument(
+        "--sim",
+        action="append",
+        default=[],
+        metavar="RESULTS.json",
+        help="a `bench qos` results file to show (repeatable; default: the one named "
+        "after the folder, results/qos<_folder>.json)",
+    )
+    qc.add_argument(
+        "--live",
+        action="append",
+        default=[],
+        metavar="RESULTS.json",
+        help="a `bench qos --live` results file to show (repeatable; default: "
+        "results/qos_live<_folder>.json)",
+    )
     qc.add_argument(
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )

@@ -23,7 +23,14 @@ from policies.types import BackendView, ClusterView, RequestInfo
 
 log = logging.getLogger("edgeroute.predictor")
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qos"
+# The QoS models: RouterBench's world (the paper's fleet) here, other worlds in folders
+# under it, each with its predictor, its runs and its model card.
+MODEL_ROOT = Path(__file__).resolve().parent.parent / "models" / "qos"
+# What `qos_drl` serves unless a spec names another folder: the agent trained for
+# engines that batch and queue like vLLM (its MODEL_CARD.md), and the predictor of
+# its world, RouterDC's open models, which is also `predicted_quality`'s default.
+DEFAULT_MODEL_DIR = MODEL_ROOT / "routerdc" / "engines"
+DEFAULT_PREDICTOR_DIR = MODEL_ROOT / "routerdc"
 BUCKETS = 10
 MAX_TOKENS = 300.0
 # Bucket midpoints: the values the features carry for a predicted bucket.
@@ -37,7 +44,7 @@ class ScorePredictor:
     candidate at once. The gateway's `qos_drl` and `predicted_quality`, and the edge
     simulator, use this one."""
 
-    def __init__(self, model_dir: Path = DEFAULT_MODEL_DIR) -> None:
+    def __init__(self, model_dir: Path = DEFAULT_PREDICTOR_DIR) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -129,7 +136,7 @@ def predictor_dir(model_dir: Path) -> Path:
     for folder in (model_dir, *model_dir.parents):
         if (folder / "predictor.onnx").exists():
             return folder
-    return DEFAULT_MODEL_DIR
+    return DEFAULT_PREDICTOR_DIR
 
 
 class PredictedQuality:
@@ -155,7 +162,7 @@ def predicted_quality(params: Mapping[str, Any]) -> PredictedQuality:
     world whose folder has it: see `predictor_dir`), else the one the gateway ships."""
     check_params(params, ("model",))
     model = params.get("model")
-    folder = predictor_dir(Path(model)) if model else DEFAULT_MODEL_DIR
+    folder = predictor_dir(Path(model)) if model else DEFAULT_PREDICTOR_DIR
     return PredictedQuality(load_predictor(folder))
 
 

@@ -76,6 +76,7 @@ class QoSDRL:
         actor's distribution rather than take the most likely one."""
         import onnxruntime as ort
 
+        self.folder = model_dir
         self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1

@@ -60,6 +60,7 @@ from edgeroute.bench.stats import interval
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from gateway.promtext import read_samples
+from policies.predictor import MODEL_ROOT
 from workers.profiles import PROFILES
 
 PEERS = Path(os.environ.get("PEERS", "/tmp/peers"))
@@ -124,7 +125,14 @@ ROUTERS = {
         Router("vllm-router power_of_two", "vllm-router", "power_of_two"),
         Router("vllm-router cache_aware", "vllm-router", "cache_aware"),
         Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
-        Router("qos_drl", "edgeroute", {"policy": "qos_drl"}, frozenset({"experts"})),
+        # RouterBench's agent: its predictor knows this pool's models (the default
+        # agent's knows RouterDC's open models, and would predict the mean of all here)
+        Router(
+            "qos_drl",
+            "edgeroute",
+            {"policy": "qos_drl", "model": str(MODEL_ROOT)},
+            frozenset({"experts"}),
+        ),
         Router("prism", "edgeroute", {"policy": "prism"}, frozenset({"moe"})),
         *(
             Router(name, "edgeroute", {"policy": name}, frozenset({"pd", "pd-net"}), "decode")

@@ -308,9 +308,9 @@ def full_queue_phase(rounds: int, seconds: float, targets: list[str]) -> list[di
     """`targets` behind the gateway, one at a time per round, on `FULL_BACKENDS`
     backends that hold every answer; medians over rounds, and each round's p99 and
     share over budget."""
-    from policies.predictor import DEFAULT_MODEL_DIR
+    from policies.predictor import DEFAULT_PREDICTOR_DIR
 
-    models = json.loads((DEFAULT_MODEL_DIR / "predictor.json").read_text())["models"]
+    models = json.loads((DEFAULT_PREDICTOR_DIR / "predictor.json").read_text())["models"]
     port = 18620
     ports = [port + 1 + i for i in range(FULL_BACKENDS)]
     workers = [

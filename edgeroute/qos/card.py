@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.qos.config import (
-    MODEL_ROOT,
     QUALITIES,
     QUALITY_PROMPTS,
     RECORD,
+    TrainConfig,
     latency_range,
-    quality_dir,
     quality_flag,
     quality_suffix,
     read_record,
@@ -25,6 +24,7 @@ from edgeroute.qos.config import (
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
+from policies.predictor import MODEL_ROOT, predictor_dir
 
 # The card's own code, and the rebuild check's, are not training code.
 TRAINING_CODE = (
@@ -172,27 +172,115 @@ def write_curves(paths: Sequence[Path], out: Path) -> Path:
     return out
 
 
-def write_card(model_dir: Path, data_dir: Path) -> Path:
+def _in_repo(path: Path) -> Path:
+    return path.resolve().relative_to(MODEL_ROOT.parents[1])
+
+
+def _named(path: Path) -> str:
+    """A results file as a card names it: its agents, their runs and the command are in
+    its config."""
+    return f"`{_in_repo(path)}`; its agents' runs are in its config"
+
+
+def _sim_section(path: Path, source: str) -> list[str]:
+    """The card's table of a `bench qos` results file: each agent against the best
+    heuristic at each setting; nothing if there is no such file."""
+    bench = _json(path)
+    if not bench:
+        return []
+    lines = [
+        f"## Evaluation in simulation ({source})",
+        "",
+        "| setting | agent | agent QoS | best heuristic | its QoS | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = bench["results"]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        here = [r for r in rows if r["setting"] == setting]
+        best = max(
+            (r for r in here if not r.get("agent") and not r.get("reference")),
+            key=lambda r: r["qos"],
+        )
+        for r in here:
+            if r.get("agent"):
+                lines.append(
+                    f"| {setting} | {r['policy']} | {r['qos_ci']} | {best['policy']} | "
+                    f"{best['qos_ci']} | {r.get('against_best', '')} |"
+                )
+    return [*lines, ""]
+
+
+def _live_section(path: Path, source: str) -> list[str]:
+    """The card's table of a `bench qos --live` results file; nothing if there is none."""
+    live = _json(path)
+    if not live:
+        return []
+    lines = [
+        f"## Live, through the gateway ({source})",
+        "",
+        "| policy | QoS | met L | drops | requests |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['policy']} | {r['qos_ci']} | {r['met_share_ci']} | {r['drop_rate']:.1%} | "
+        f"{r['requests']} |"
+        for r in live["results"]
+    ]
+    return [*lines, ""]
+
+
+def card_suffix(model_dir: Path) -> str:
+    """What the files a folder's card writes and reads take in their names: its path
+    under models/qos ("" for models/qos itself, "_routerdc" for its RouterDC world)."""
+    parts = model_dir.resolve().relative_to(MODEL_ROOT).parts
+    return "".join(f"_{part}" for part in parts)
+
+
+def write_card(
+    model_dir: Path, data_dir: Path, sim: Sequence[Path] = (), live: Sequence[Path] = ()
+) -> Path:
+    """`model_dir`'s MODEL_CARD.md (`card_text`) and its runs' learning curves."""
     runs = runs_of(model_dir / "runs")
     if not runs:
         raise SystemExit(f"no training records in {model_dir / 'runs'}")
+    plot_curves(runs, RESULTS / f"qos_training{card_suffix(model_dir)}.png")
+    path = model_dir / "MODEL_CARD.md"
+    path.write_text(card_text(model_dir, data_dir, sim, live))
+    print(f"wrote {path}")
+    return path
+
+
+def card_text(
+    model_dir: Path, data_dir: Path, sim: Sequence[Path] = (), live: Sequence[Path] = ()
+) -> str:
+    """The model card of `model_dir`, from its runs/ and the results files `sim` and
+    `live` (by default those named after the folder, `card_suffix`)."""
+    runs = runs_of(model_dir / "runs")
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: kept(runs[k])[2])
     cfg = runs[shipped]["config"]
     latencies = latency_range(cfg)
     quality = cfg.get("quality", QUALITIES[0])
-    suffix, flag = quality_suffix(quality), quality_flag(quality)
-    selection = " --select-on sweep" if cfg.get("select_on") == "sweep" else ""
-    selection += " --keep last" if cfg.get("keep") == "last" else ""
-    selection += Fleet.from_record(cfg).flags()
-    plot_curves(runs, RESULTS / f"qos_training{suffix}.png")
+    suffix = card_suffix(model_dir)
+    # the command of each set of runs that differ only in variant and seed
+    commands: dict[str, list[str]] = {}
+    for run in runs.values():
+        config = run["config"]
+        variants = commands.setdefault(
+            TrainConfig.from_record(config).flags(leave_out=("variant", "seed")), []
+        )
+        if config["variant"] not in variants:
+            variants.append(config["variant"])
     splits = {
         s: len(load_tasks(data_dir, split=s, quality=quality))
         for s in ("predictor", "agent", "eval")
     }
-    folder = quality_dir(quality).relative_to(MODEL_ROOT.parents[1])
+    folder = _in_repo(model_dir)
+    predictors = predictor_dir(model_dir)
     lines = [
-        "# QoS-DRL router: model card" + (f" ({quality} quality)" if suffix else ""),
+        "# QoS-DRL router: model card"
+        + (f" ({quality} quality)" if quality != QUALITIES[0] else "")
+        + (f": {model_dir.name}" if suffix != quality_suffix(quality) else ""),
         "",
         "Written by `edgeroute train qos-card` from the training records in `runs/` and the",
         "benchmark results; figures are those runs' own.",
@@ -205,15 +293,38 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "- `runs/<variant>-s<seed>/`: every training run's actor and record:",
         "  `full` (HAN + eq. 16's reward), `dsa` (HAN + completion reward) and `baseline`",
         "  (Baseline RL: expert-level features + completion reward), same budget and seeds.",
-        "- `predictor.onnx`, `predictor.json`: the score and length predictor.",
+        (
+            "- `predictor.onnx`, `predictor.json`: the score and length predictor."
+            if predictors == model_dir.resolve()
+            else f"- The score and length predictor: `{_in_repo(predictors)}/`'s "
+            "`predictor.onnx` and `predictor.json`, its world's."
+        ),
         "",
         "## How it was trained",
         "",
         trained_at(runs) + f". Training code last changed at `{_commit()}`.",
-        f"- Each run: `edgeroute train qos{flag}{selection} --variant V --seed S --steps "
-        f"{cfg['steps']} --out {folder}/runs/V-sS` (the other settings are the defaults",
-        f"  of `edgeroute/qos/config.py`); then `cp {folder}/runs/"
-        f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}`.",
+        *(
+            f"- Each run{'' if len(commands) == 1 else ' of ' + ', '.join(variants)}: "
+            f"`edgeroute train qos{options} --variant V --seed S --out {folder}/runs/V-sS`"
+            for options, variants in commands.items()
+        ),
+        *(
+            [
+                "- Runs whose kept actor is the last step's but whose config keeps the best "
+                "were trained so, then exported with `edgeroute train qos-last RUN --out "
+                "FOLDER`."
+            ]
+            if any(
+                r.get("kept") == "last" and r["config"].get("keep") != "last" for r in runs.values()
+            )
+            else []
+        ),
+        "- The other settings are the defaults of `edgeroute/qos/config.py`; then `cp "
+        f"{folder}/runs/"
+        f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}"
+        + "".join(f" --sim {_in_repo(p)}" for p in sim)
+        + "".join(f" --live {_in_repo(p)}" for p in live)
+        + "`.",
         f"- Config: {', '.join(f'{k}={v}' for k, v in cfg.items() if k not in ('variant', 'seed'))}.",
         f"- Environment: `sim/edge.py`, N={cfg['experts']}; each episode draws its hardware "
         f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} "
@@ -246,43 +357,19 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
         "not, when its most likely action sends most requests to one expert).",
         "",
     ]
-    bench = _json(RESULTS / f"qos{suffix}.json")
-    if bench:
-        lines += [
-            f"## Evaluation (`edgeroute bench qos{flag}`, held-out prompts and hardware)",
-            "",
-            "| setting | agent | agent QoS | best heuristic | its QoS | verdict |",
-            "|---|---|---|---|---|---|",
-        ]
-        rows = bench["results"]
-        for setting in dict.fromkeys(r["setting"] for r in rows):
-            here = [r for r in rows if r["setting"] == setting]
-            best = max(
-                (r for r in here if not r.get("agent") and not r.get("reference")),
-                key=lambda r: r["qos"],
-            )
-            for r in here:
-                if r.get("agent"):
-                    lines.append(
-                        f"| {setting} | {r['policy']} | {r['qos_ci']} | {best['policy']} | "
-                        f"{best['qos_ci']} | {r.get('against_best', '')} |"
-                    )
-        lines.append("")
-    live = _json(RESULTS / f"qos_live{suffix}.json")
-    if live:
-        lines += [
-            f"## Live, through the gateway (`edgeroute bench qos --live{flag}`)",
-            "",
-            "| policy | QoS | met L | drops | requests |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['policy']} | {r['qos_ci']} | {r['met_share_ci']} | {r['drop_rate']:.1%} | "
-            f"{r['requests']} |"
-            for r in live["results"]
-        ]
-        lines.append("")
-    pred = _json(model_dir / "predictor.json")
+    flag = quality_flag(quality)
+    for path in sim or [RESULTS / f"qos{suffix}.json"]:
+        lines += _sim_section(
+            path,
+            f"`edgeroute bench qos{flag}`, held-out prompts and hardware"
+            if not sim
+            else _named(path),
+        )
+    for path in live or [RESULTS / f"qos_live{suffix}.json"]:
+        lines += _live_section(
+            path, f"`edgeroute bench qos --live{flag}`" if not live else _named(path)
+        )
+    pred = _json(predictors / "predictor.json")
     if pred:
         lines += [
             "## The predictor",
@@ -300,7 +387,4 @@ def write_card(model_dir: Path, data_dir: Path) -> Path:
             "  See docs/research.md for what this means for the router.",
             "",
         ]
-    path = model_dir / "MODEL_CARD.md"
-    path.write_text("\n".join(lines))
-    print(f"wrote {path}")
-    return path
+    return "\n".join(lines)

@@ -4,14 +4,13 @@ so the command line can show the defaults without loading it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from edgeroute.sim.edge import HINDSIGHT, Fleet, Quality, check_range
-
-MODEL_ROOT = Path(__file__).resolve().parents[2] / "models" / "qos"
-
+from policies.predictor import MODEL_ROOT
 
 # The quality data a QoS router is trained and measured on (`edgeroute.sim.edge.Quality`):
 # RouterBench's first, the default everywhere.
@@ -26,7 +25,7 @@ QUALITY_PROMPTS = {
 
 def quality_dir(quality: str) -> Path:
     """A quality world's folder: its predictor, its runs/ and its model card (RouterBench's
-    is models/qos itself, which the gateway serves by default)."""
+    is models/qos itself)."""
     return MODEL_ROOT if quality == QUALITIES[0] else MODEL_ROOT / quality
 
 
@@ -141,6 +140,12 @@ def trained_fleet(run: Path) -> Fleet:
     return Fleet.from_record(_record_config(run))
 
 
+# `TrainConfig`'s settings whose option is not their name with dashes, and those the
+# command line does not set (`threads`: training runs on one).
+_OPTIONS = {"latencies_ms": "latencies", "target_entropy_ratio": "target-entropy"}
+_NO_OPTION = frozenset({"threads"})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     variant: str = "full"
@@ -220,6 +225,35 @@ class TrainConfig:
         if self.impact in HINDSIGHT and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError(f"the {self.impact} impact is credited per request (credit 'request')")
+
+    @classmethod
+    def from_record(cls, config: dict[str, Any]) -> TrainConfig:
+        """The config a record (or a checkpoint) holds, in any of its past shapes."""
+        config = current_shape(config)
+        tuples = {k: tuple(v) for k, v in config.items() if isinstance(v, list)}
+        return cls(**{**config, **tuples, "fleet": Fleet.from_record(config)})
+
+    def flags(self, leave_out: Collection[str] = ()) -> str:
+        """The `edgeroute train qos` options that give this config: those of every
+        setting not at its default and not in `leave_out` (the fleet's as `Fleet.flags`
+        has them)."""
+        default, out = TrainConfig(), []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(default, f.name) or f.name in {*_NO_OPTION, *leave_out}:
+                continue
+            option = _OPTIONS.get(f.name, f.name.replace("_", "-"))
+            if f.name == "fleet":
+                out.append(value.flags())
+            elif isinstance(value, bool):
+                out.append(f" --{'' if value else 'no-'}{option}")
+            elif isinstance(value, tuple):
+                out.append(f" --{option} {value[0]:g},{value[1]:g}")
+            else:
+                out.append(
+                    f" --{option} {value:g}" if isinstance(value, float) else f" --{option} {value}"
+                )
+        return "".join(out)
 
     @property
     def reward(self) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from edgeroute.qos.config import (
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
     TrainConfig,
-    current_shape,
     quality_dir,
     read_record,
     write_record,
@@ -45,7 +44,6 @@ from edgeroute.sim.edge import (
     TRAIN_HARDWARE,
     EdgeEnv,
     EdgeExpert,
-    Fleet,
     NoisyOracle,
     Predictor,
     Req,
@@ -218,7 +216,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     if resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         # more steps, or another actor kept at the end: carry on
-        if {**current_shape(state["config"]), "steps": cfg.steps, "keep": cfg.keep} != asdict(cfg):
+        if replace(TrainConfig.from_record(state["config"]), steps=cfg.steps, keep=cfg.keep) != cfg:
             raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
         sac.load_state_dict(state["sac"])
         replay.load_state_dict(state["replay"])
@@ -360,8 +358,7 @@ def export_last(run: Path, out: Path) -> dict[str, object]:
     if not ckpt.exists():
         raise ValueError(f"{run} has no checkpoint (they are not committed)")
     state = torch.load(ckpt, weights_only=False)
-    config = current_shape(state["config"])
-    cfg = TrainConfig(**{**config, "fleet": Fleet.from_record(config)})
+    cfg = TrainConfig.from_record(state["config"])
     sac = SAC(cfg.sac(), experts=cfg.experts)
     sac.load_state_dict(state["sac"])
     out.mkdir(parents=True, exist_ok=True)

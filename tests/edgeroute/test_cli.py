@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import socket
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from edgeroute.bench.cli import fleet_from
-from edgeroute.cli import build_parser
+from edgeroute.cli import build_parser, train_config
+from edgeroute.qos.config import RECORD, TrainConfig, read_record
 from edgeroute.sim.edge import Fleet
+from policies.predictor import MODEL_ROOT
 from tests.support import free_port
 
 
@@ -341,3 +345,59 @@ def test_the_qos_benchmarks_refuse_an_option_their_run_would_ignore(
     args = build_parser().parse_args(["bench", *argv])
     with pytest.raises(SystemExit, match=refused):
         args.func(args)
+
+
+def _trained(flags: str) -> TrainConfig:
+    return train_config(build_parser().parse_args(["train", "qos", *shlex.split(flags)]))
+
+
+def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
+    """`TrainConfig.flags` (what a model card prints to rebuild a run) parsed by `train
+    qos` is the config again: for every setting changed at once, and for every
+    committed run's record."""
+    changed = TrainConfig(
+        variant="dsa",
+        quality="routerdc",
+        experts=3,
+        rate=4.0,
+        latency_ms=25.0,
+        credit="completion",
+        impact="pushed",
+        randomise=False,
+        latencies_ms=(10.0, 30.0),
+        latency_over_fastest=(1.0, 3.5),
+        fleet=Fleet(hardware_ms=(5.0, 9.0), running_cap=7, waiting_cap=9, memory_tokens=999),
+        scrape_ms=500.0,
+        drop=False,
+        steps=1000,
+        warmup=100,
+        envs=4,
+        update_every=2,
+        batch=8,
+        buffer=77,
+        eval_every=50,
+        select_on="sweep",
+        keep="last",
+        episode_len=30,
+        seed=7,
+        zero_predictions=True,
+        lr=0.001,
+        target_entropy_ratio=0.25,
+        init_alpha=0.1,
+        hidden=16,
+        heads=1,
+        layers=2,
+    )
+    default = TrainConfig()
+    # a setting added to TrainConfig must be changed above, or have no option
+    unchanged = {
+        f.name for f in fields(default) if getattr(changed, f.name) == getattr(default, f.name)
+    }
+    assert unchanged == {"eval_episodes", "threads"}
+    assert _trained(changed.flags()) == changed
+    assert _trained(default.flags()) == default and default.flags() == ""
+    records = sorted(MODEL_ROOT.rglob(RECORD))
+    assert len(records) > 90
+    for path in records:
+        config = TrainConfig.from_record(read_record(path.parent)["config"])
+        assert _trained(config.flags()) == config, path

@@ -1,5 +1,6 @@
 """`best_predicted` (the QoS papers' BR baseline) served by the gateway: real workers
-serving three of RouterBench's models, the shipped predictor, the official SDK."""
+serving three of RouterBench's models, RouterBench's predictor named in the spec, the
+official SDK."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import openai
 
-from policies.predictor import DEFAULT_MODEL_DIR, load_predictor
+from policies.predictor import MODEL_ROOT, load_predictor
 from policies.types import BackendView
 
 Start = Callable[..., tuple[str, Any]]
@@ -24,8 +25,12 @@ def test_every_answer_comes_from_a_model_predicted_to_answer_best(
     for profile in PROFILES:
         url, _ = start_worker(profile=profile, served_model_names=[profile, MODEL], speedup=50.0)
         backends.append({"url": url, "id": profile})
-    url, _ = start_gateway(backends, routing={"default": {"policy": "best_predicted"}})
-    predictor = load_predictor(DEFAULT_MODEL_DIR)
+    spec = {
+        "policy": "best_predicted",
+        "scorers": [{"type": "predicted_quality", "params": {"model": str(MODEL_ROOT)}}],
+    }
+    url, _ = start_gateway(backends, routing={"default": spec})
+    predictor = load_predictor(MODEL_ROOT)
     views = [BackendView(id=p, models=frozenset({p, MODEL})) for p in PROFILES]
     scores = [s for s, _ in predictor.predict_for(PROMPT, views)]
     best = {p for p, s in zip(PROFILES, scores, strict=True) if s == max(scores)}

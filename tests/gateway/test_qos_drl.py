@@ -211,6 +211,49 @@ def test_whole_answer_requests_show_progress_from_the_engines_token_counter(
     )
 
 
+def test_a_spec_naming_no_model_serves_the_agent_trained_for_engines(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """`policy: qos_drl` alone serves the shipped agent for engines that queue rather
+    than refuse (`models/qos/routerdc/engines`, trained without the drop action): with
+    every engine already holding streams it still routes every request, and sheds none.
+    Its twin, an actor that drops, sheds with a 503 (the test below)."""
+    backends = []
+    for profile, name in (
+        ("mistral-7b-chat", "Mistral-7B-v0.1"),
+        ("llama-2-70b-chat", "Meta-Llama-3-8B"),
+        ("Yi-34B-Chat", "zephyr-7b-beta"),
+    ):
+        url, _ = start_worker(profile=profile, served_model_names=[name, MODEL], speedup=2.0)
+        backends.append({"url": url, "id": name})
+    url, _ = start_gateway(backends, routing={"default": {"policy": "qos_drl"}})
+    stop = threading.Event()
+    held = hold_streams(url, MODEL, 9, stop)
+    try:
+        wait_until(
+            lambda: (
+                sample(httpx.get(url + "/metrics").text, "edgeroute_replica_inflight_requests") >= 9
+            )
+        )
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        for _ in range(6):
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Sort a list."}], max_tokens=2
+            )
+            assert answer.choices[0].message.content
+    finally:
+        stop.set()
+        for t in held:
+            t.join()
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_qos_requests_total", outcome="shed") == 0
+    decided = [
+        sample(metrics, "edgeroute_policy_decisions_total", policy="qos_drl", backend=b["id"])
+        for b in backends
+    ]
+    assert sum(decided) == 15
+
+
 def test_the_drop_action_sheds_with_503_and_retry_after(
     start_worker: Start, start_gateway: Start, models: dict[str, Path]
 ) -> None:

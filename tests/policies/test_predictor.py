@@ -9,7 +9,13 @@ import pytest
 
 from policies import PipelineSpec, build_pipeline
 from policies.plugins import PluginError
-from policies.predictor import DEFAULT_MODEL_DIR, PredictedQuality, ScorePredictor, load_predictor
+from policies.predictor import (
+    DEFAULT_PREDICTOR_DIR,
+    MODEL_ROOT,
+    PredictedQuality,
+    ScorePredictor,
+    load_predictor,
+)
 from policies.types import BackendView, ClusterView, RequestInfo
 
 PROMPT = "Write a python function to count the pairs in a list whose sum equals a target."
@@ -25,16 +31,17 @@ def fleet(predictor: ScorePredictor, n: int = 6) -> ClusterView:
 
 
 def test_the_score_is_the_predicted_score_of_the_backends_model() -> None:
-    predictor = load_predictor(DEFAULT_MODEL_DIR)
+    predictor = load_predictor(DEFAULT_PREDICTOR_DIR)  # the preset's
     view = fleet(predictor)
     pipeline = build_pipeline(PipelineSpec(policy="best_predicted"))
-    req = RequestInfo("edge", 20, prompt=PROMPT)
+    prompt = "What is the smallest possible integer value of $x$ if $12\\div(x+1)$ is an integer?"
+    req = RequestInfo("edge", 20, prompt=prompt)
     scores = pipeline.scorers[0][0].score(req, view, view.backends)
-    want = [s for s, _ in predictor.predict(PROMPT, list(range(6)))]
+    want = [s for s, _ in predictor.predict(prompt, list(range(6)))]
     assert scores == want and len(set(scores)) > 1  # the models differ on this prompt
     best = {f"b{i}" for i, s in enumerate(scores) if s == max(scores)}
     picked = {
-        pipeline.decide(RequestInfo("edge", 20, prompt=PROMPT, entropy=e), view).backend_id
+        pipeline.decide(RequestInfo("edge", 20, prompt=prompt, entropy=e), view).backend_id
         for e in range(40)
     }
     assert picked == best  # every best one in turn (ties at random), no other
@@ -47,15 +54,15 @@ def test_a_world_folder_brings_its_own_predictor() -> None:
             "scorers": [
                 {
                     "type": "predicted_quality",
-                    "params": {"model": str(DEFAULT_MODEL_DIR / "routerdc")},
+                    "params": {"model": str(MODEL_ROOT / "routerdc")},
                 }
             ],
         }
     )
     scorer = build_pipeline(spec).scorers[0][0]
     assert isinstance(scorer, PredictedQuality)
-    assert scorer.predictor.models == load_predictor(DEFAULT_MODEL_DIR / "routerdc").models
-    assert scorer.predictor.models != load_predictor(DEFAULT_MODEL_DIR).models
+    assert scorer.predictor.models == load_predictor(MODEL_ROOT / "routerdc").models
+    assert scorer.predictor.models != load_predictor(MODEL_ROOT).models
     with pytest.raises((PluginError, ValueError), match="latency_ms"):
         build_pipeline(
             PipelineSpec.model_validate(
@@ -77,7 +84,7 @@ def test_a_model_the_predictor_does_not_know_is_predicted_as_the_average_and_log
 ) -> None:
     """Not as the predictor's first model (what an unknown name used to get), which
     would claim that model's strengths for it; the operator hears of it once."""
-    predictor = ScorePredictor(DEFAULT_MODEL_DIR)  # its own caches, so the log is this test's
+    predictor = ScorePredictor(MODEL_ROOT)  # its own caches, so the log is this test's
     known = [BackendView(id=f"b{i}", models=frozenset({m})) for i, m in enumerate(predictor.models)]
     stranger = BackendView(id="x", models=frozenset({"a-model-nobody-trained-on"}))
     with caplog.at_level(logging.WARNING, logger="edgeroute.predictor"):
@@ -97,7 +104,7 @@ def test_a_model_the_predictor_does_not_know_is_predicted_as_the_average_and_log
 
 
 def test_best_predicted_routes_around_an_unknown_model_without_failing() -> None:
-    predictor = load_predictor(DEFAULT_MODEL_DIR)
+    predictor = load_predictor(MODEL_ROOT)
     view = ClusterView(
         (*fleet(predictor, 3).backends, BackendView(id="x", models=frozenset({"edge"}), expert="?"))
     )

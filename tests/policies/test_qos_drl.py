@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from policies.predictor import DEFAULT_MODEL_DIR, ScorePredictor
+from policies.predictor import DEFAULT_MODEL_DIR, DEFAULT_PREDICTOR_DIR, MODEL_ROOT, ScorePredictor
 from policies.qos_drl import QoSDRL
 from policies.types import BackendView, ClusterView
 
 
 def test_backends_sharing_a_model_share_one_prediction_row() -> None:
-    predictor = ScorePredictor()
+    predictor = ScorePredictor(MODEL_ROOT)  # RouterBench's: 11 models
     experts = [3, 1, 3, 0, 5, 1, 2, 4, 0, 6, 7, 3]
     for prompt in ("Write a function that sorts a list.", "word " * 400, ""):
         together = predictor.predict(prompt, experts)
@@ -31,18 +31,48 @@ def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path:
     world = tmp_path / "world"
     run = world / "runs" / "full-s0"
     run.mkdir(parents=True)
-    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", run / "actor.onnx")
-    routerdc = json.loads((DEFAULT_MODEL_DIR / "routerdc" / "predictor.json").read_text())
+    shutil.copy(MODEL_ROOT / "actor.onnx", run / "actor.onnx")
+    routerbench = json.loads((MODEL_ROOT / "predictor.json").read_text())
     for name in ("predictor.onnx", "predictor.json"):
-        shutil.copy(DEFAULT_MODEL_DIR / "routerdc" / name, world / name)
-    assert QoSDRL(run).predictor.models == routerdc["models"]
+        shutil.copy(MODEL_ROOT / name, world / name)
+    assert QoSDRL(run).predictor.models == routerbench["models"]
     attempt = world / "attempts" / "some-set" / "full-s0"  # deeper: still the world's
     shutil.copytree(run, attempt)
-    assert QoSDRL(attempt).predictor.models == routerdc["models"]
+    assert QoSDRL(attempt).predictor.models == routerbench["models"]
     lone = tmp_path / "lone"
     lone.mkdir()
-    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
-    assert QoSDRL(lone).predictor.models == QoSDRL().predictor.models != routerdc["models"]
+    shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
+    shipped = QoSDRL().predictor
+    assert shipped.folder == DEFAULT_PREDICTOR_DIR
+    assert QoSDRL(lone).predictor.models == shipped.models != routerbench["models"]
+
+
+def test_by_default_the_policy_is_the_agent_for_engines_and_never_sheds() -> None:
+    """A spec naming no model serves `DEFAULT_MODEL_DIR`, the agent trained for engines
+    that queue rather than refuse: on 200 random views, queues past any engine's
+    batch included, it routes every request. RouterBench's agent, trained with the
+    drop action on the paper's fleet of five-request batches, sheds most of them."""
+    import numpy as np
+
+    from policies import PipelineSpec, build_policy
+    from policies.types import RequestInfo
+    from tests.policies.test_qos_graph import random_view
+
+    served = build_policy(PipelineSpec(policy="qos_drl"))
+    assert isinstance(served, QoSDRL) and served.folder == DEFAULT_MODEL_DIR.resolve()
+    shed = {}
+    for policy in (served, QoSDRL(MODEL_ROOT)):
+        rng = np.random.default_rng(0)
+        decisions = [
+            policy.decide(
+                RequestInfo("m", int(rng.integers(1, 3000)), prompt="Sort a list.", now=100.0),
+                random_view(rng, policy.predictor.models, int(rng.integers(1, 9)), 100.0),
+            )
+            for _ in range(200)
+        ]
+        shed[policy.folder] = sum(d.backend_id is None for d in decisions)
+    assert shed[DEFAULT_MODEL_DIR.resolve()] == 0
+    assert shed[MODEL_ROOT] > 100
 
 
 def test_a_policy_for_another_target_shares_the_sessions_and_decides_as_a_new_one() -> None:
@@ -93,7 +123,7 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
     folder = tmp_path / "model"
     folder.mkdir()
     for name in ("actor.onnx", "predictor.onnx", "predictor.json"):
-        shutil.copy(DEFAULT_MODEL_DIR / name, folder / name)
+        shutil.copy(MODEL_ROOT / name, folder / name)
     a = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=30.0))
     b = build_policy(PipelineSpec(policy="qos_drl", model=str(folder), latency_ms=50.0))
     c = load(folder, 30.0)
@@ -104,7 +134,7 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
 
     lone = tmp_path / "lone"  # its own actor, and the predictor the gateway ships
     lone.mkdir()
-    shutil.copy(DEFAULT_MODEL_DIR / "actor.onnx", lone / "actor.onnx")
+    shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
     d, shipped = load(lone), load()
     assert d._session is not a._session and d.predictor is shipped.predictor is not a.predictor
 

@@ -9,12 +9,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from policies.predictor import DEFAULT_MODEL_DIR
+from policies.predictor import DEFAULT_MODEL_DIR, MODEL_ROOT
 from policies.qos_drl import QoSDRL
 from policies.qos_state import INPUTS, encode, snapshot
 from policies.types import BackendView, ClusterView, Decision, InflightRequest, RequestInfo
 
-ATTEMPT = DEFAULT_MODEL_DIR / "routerdc" / "attempts" / "big-batch-scrape-nodrop-ep1000"
+ATTEMPT = MODEL_ROOT / "routerdc" / "attempts" / "big-batch-scrape-nodrop-ep1000"
 PROMPTS = (
     "Write a python function to count the pairs in a list whose sum equals a target.",
     "",  # no words at all
@@ -61,8 +61,14 @@ def random_view(rng: np.random.Generator, models: list[str], n: int, now: float)
 
 @pytest.mark.parametrize(
     "folder",
-    [DEFAULT_MODEL_DIR, ATTEMPT / "full-hs-s0", ATTEMPT / "dsa-s0", ATTEMPT / "baseline-s0"],
-    ids=["shipped", "full", "dsa", "baseline-rl"],
+    [
+        DEFAULT_MODEL_DIR,
+        MODEL_ROOT,
+        ATTEMPT / "full-hs-s0",
+        ATTEMPT / "dsa-s0",
+        ATTEMPT / "baseline-s0",
+    ],
+    ids=["served by default", "routerbench", "full", "dsa", "baseline-rl"],
 )
 @pytest.mark.parametrize("latency_ms", [30.0, 12.0])
 def test_the_joined_graph_decides_as_the_predictor_encode_and_the_actor(
@@ -131,9 +137,9 @@ def test_an_actor_or_predictor_the_join_cannot_feed_is_refused_by_name(tmp_path:
     world = tmp_path / "world"
     run = world / "runs" / "full-s0"
     run.mkdir(parents=True)
-    (run / "actor.onnx").write_bytes((DEFAULT_MODEL_DIR / "actor.onnx").read_bytes())
+    (run / "actor.onnx").write_bytes((MODEL_ROOT / "actor.onnx").read_bytes())
     onnx.save(helper.make_model(graph), str(world / "predictor.onnx"))
-    (world / "predictor.json").write_text((DEFAULT_MODEL_DIR / "predictor.json").read_text())
+    (world / "predictor.json").write_text((MODEL_ROOT / "predictor.json").read_text())
     with pytest.raises(ValueError, match=r"world/predictor\.onnx is not a predictor"):
         QoSDRL(run)
 
@@ -147,9 +153,9 @@ def test_every_shipped_graph_and_the_joined_one_are_written_at_the_pinned_ir() -
     from policies.onnx_nodes import IR_VERSION
     from policies.qos_graph import joined
 
-    shipped = sorted(DEFAULT_MODEL_DIR.rglob("*.onnx"))
+    shipped = sorted(MODEL_ROOT.rglob("*.onnx"))
     assert len(shipped) > 100
     written = {f: onnx.load(str(f), load_external_data=False).ir_version for f in shipped}
     assert {f: v for f, v in written.items() if v != IR_VERSION} == {}
-    graph = joined(DEFAULT_MODEL_DIR / "actor.onnx", DEFAULT_MODEL_DIR / "predictor.onnx")
+    graph = joined(MODEL_ROOT / "actor.onnx", MODEL_ROOT / "predictor.onnx")
     assert onnx.load_from_string(graph).ir_version == IR_VERSION

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from edgeroute.bench.qos import agents_named, main, scrape_named, serving_from, variant_named
-from policies.predictor import DEFAULT_MODEL_DIR
+from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data
 
 
@@ -65,7 +65,7 @@ def test_held_out_hardware_moves_every_point_off_hardware_seed_0(tmp_path: Path)
     """A quick sweep (the default point and the trace, one environment seed) on held-out
     hardware: its command says so, and the same policy on the same requests scores
     otherwise than on hardware seed 0, at both points."""
-    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    agent = {"shipped": [MODEL_ROOT / "routerdc"]}
     runs = {}
     for held_out in (False, True):
         out = tmp_path / f"{held_out}.json"
@@ -114,7 +114,7 @@ def test_more_environment_seeds_each_run_on_a_hardware_draw_of_its_own(
         return default_experts(n, seed=seed, **kw)
 
     monkeypatch.setattr("edgeroute.bench.qos.default_experts", recorded)
-    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    agent = {"shipped": [MODEL_ROOT / "routerdc"]}
     out = tmp_path / "seeds.json"
     main(True, 1, str(out), agent, None, quality="routerdc", hardware="held-out", n_seeds=12)
     run = json.loads(out.read_text())
@@ -147,7 +147,7 @@ def test_engine_hardware_puts_every_point_on_the_live_engines(
 
     monkeypatch.setattr("edgeroute.bench.qos.engine_experts", engines)
     monkeypatch.setattr("edgeroute.bench.qos.default_experts", drawn)
-    agent = {"shipped": [DEFAULT_MODEL_DIR / "routerdc"]}
+    agent = {"shipped": [MODEL_ROOT / "routerdc"]}
     out = tmp_path / "engines.json"
     main(True, 1, str(out), agent, None, quality="routerdc", hardware="engines", n_seeds=2)
     run = json.loads(out.read_text())
@@ -166,7 +166,7 @@ def test_an_agents_training_runs_on_one_environment_seed_are_one_sample(tmp_path
     averaged there: the same actor given as three runs has, on two seeds, two samples
     and the interval the actor alone has (counted as six samples, its interval would be
     narrower). Seed by seed, an agent minus a copy of itself is level."""
-    shipped = DEFAULT_MODEL_DIR / "routerdc"
+    shipped = MODEL_ROOT / "routerdc"
     runs = {}
     for name, agents in {
         "alone": {"a": [shipped]},
@@ -188,13 +188,14 @@ def test_an_agents_training_runs_on_one_environment_seed_are_one_sample(tmp_path
 
 @needs_data("the quality data")
 def test_an_agent_with_another_worlds_predictor_is_refused(tmp_path: Path) -> None:
-    """An actor lying outside its world's folder would fall back to the shipped
-    (RouterBench) predictor and predict for models the RouterDC world does not have."""
+    """An actor lying outside its world's folder would fall back to the predictor the
+    gateway serves by default (RouterDC's) and predict for models the RouterBench world
+    does not have."""
     lone = tmp_path / "lone"
     lone.mkdir()
-    shutil.copy(DEFAULT_MODEL_DIR / "routerdc" / "actor.onnx", lone / "actor.onnx")
-    with pytest.raises(SystemExit, match="not the routerdc world's"):
-        main(True, 1, None, {"lone": [lone]}, None, quality="routerdc")
+    shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
+    with pytest.raises(SystemExit, match="not the routerbench world's"):
+        main(True, 1, None, {"lone": [lone]}, None, quality="routerbench")
 
 
 def _children() -> set[int]:
@@ -223,7 +224,7 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     from policies import qos_drl
 
     prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:24]]
-    model = str(DEFAULT_MODEL_DIR / "routerdc")
+    model = str(MODEL_ROOT / "routerdc")
     spec = gateway_clock({"policy": "qos_drl", "model": model}, 0.030, 10.0)
 
     def loads() -> int:  # policies built in this process

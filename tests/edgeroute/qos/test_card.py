@@ -4,12 +4,17 @@ the curve by draws where the record has one."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from edgeroute.cli import build_parser, train_config
 from edgeroute.qos import card
+from edgeroute.qos.config import TrainConfig, read_record, recorded_runs
+from policies.predictor import DEFAULT_MODEL_DIR, MODEL_ROOT
 
 
 def record(tmp: Path, name: str, drawn: bool) -> None:
@@ -140,3 +145,39 @@ def test_rebuilt_runs_name_both_commits() -> None:
     assert line.startswith(
         "- Trained at commit `fd92371`; exported as trained. Rebuilt at `ec3a616` (a, b):"
     )
+
+
+@pytest.mark.parametrize("folder", [MODEL_ROOT, MODEL_ROOT / "routerdc", DEFAULT_MODEL_DIR])
+def test_a_card_names_the_command_that_trained_each_run_and_the_actor_it_ships(
+    folder: Path,
+) -> None:
+    """Every committed card: its command, with a run's variant and seed, is that run's
+    recorded config through `train qos`; the actor beside the card is the named run's."""
+    import onnx
+
+    text = (folder / "MODEL_CARD.md").read_text()
+    commands = re.findall(r"- Each run[^`]*: `edgeroute (train qos [^`]*)`", text)
+    shipped = re.search(r"`actor.onnx`: the actor of `runs/([^`]+)`", text)
+    assert commands and shipped
+    runs = recorded_runs(folder / "runs")
+    assert len(runs) >= 9
+    for run in runs:
+        config = read_record(run)["config"]
+        variant, seed = config["variant"], config["seed"]
+        rebuilt = [
+            train_config(
+                build_parser().parse_args(
+                    shlex.split(
+                        command.replace("--variant V", f"--variant {variant}")
+                        .replace("--seed S", f"--seed {seed}")
+                        .replace("V-sS", run.name)
+                    )
+                )
+            )
+            for command in commands
+        ]
+        assert TrainConfig.from_record(config) in rebuilt, run
+    # the served graph, nodes and weights (the older worlds' files differ from their
+    # runs' in parameters kept for read-back that the graph does not use)
+    actor = onnx.load(str(folder / "runs" / shipped[1] / "actor.onnx")).graph
+    assert onnx.load(str(folder / "actor.onnx")).graph == actor

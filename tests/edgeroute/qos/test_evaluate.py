@@ -23,7 +23,7 @@ from edgeroute.sim.edge import (
     prompt_share,
 )
 from policies import PipelineSpec, build_pipeline
-from policies.predictor import DEFAULT_MODEL_DIR
+from policies.predictor import MODEL_ROOT
 from policies.qos_drl import QoSDRL
 from policies.qos_state import (
     FEATURE_CACHE_CAP,
@@ -65,7 +65,7 @@ def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on(
     as the actor does on the simulator's own features, decision by decision: at the
     default latency target and another, and on engines whose batches pass five (the
     served policy cuts each queue at the engine's own batch, as training does)."""
-    policy = QoSDRL(latency_ms=latency_ms)
+    policy = QoSDRL(MODEL_ROOT, latency_ms=latency_ms)
     env = EdgeEnv(
         default_experts(6, 0, fleet=fleet),
         load_tasks(DATA_DIR, split="eval"),
@@ -76,7 +76,7 @@ def test_the_served_policy_sees_exactly_the_features_the_agent_trained_on(
     )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    actor = ort.InferenceSession(str(DEFAULT_MODEL_DIR / "actor.onnx"), opts)
+    actor = ort.InferenceSession(str(MODEL_ROOT / "actor.onnx"), opts)
     names = {i.name for i in actor.get_inputs()}
     env.reset(3)
     done, i, busy, batch = False, 0, 0, 0
@@ -100,8 +100,8 @@ def test_a_policy_is_not_evaluated_at_a_latency_target_it_does_not_serve() -> No
     every expert by the wrong target, so the simulator refuses to run it there."""
     env = EdgeEnv(default_experts(6, 0), load_tasks(DATA_DIR, split="eval"), latency_req=0.020)
     with pytest.raises(ValueError, match="targets L=30 ms, the setting 20"):
-        evaluate(env, served(QoSDRL()), [1])
-    assert evaluate(env, served(QoSDRL(latency_ms=20.0)), [1]).qos >= 0.0
+        evaluate(env, served(QoSDRL(MODEL_ROOT)), [1])
+    assert evaluate(env, served(QoSDRL(MODEL_ROOT, latency_ms=20.0)), [1]).qos >= 0.0
 
 
 def test_a_policy_that_sheds_is_a_drop_and_the_view_is_the_experts() -> None:
@@ -193,7 +193,7 @@ def test_br_is_the_gateways_preset_and_breaks_ties_at_random() -> None:
     """BR in the simulator is the gateway's `best_predicted` with the world's predictor:
     each request goes to an expert of the best predicted score, and among tied ones
     to any of them (the first one of the list would favour one hardware draw)."""
-    policy = QoSDRL()
+    policy = QoSDRL(MODEL_ROOT)
     env = EdgeEnv(
         default_experts(6, 0),
         load_tasks(DATA_DIR, split="eval"),

@@ -28,7 +28,7 @@ from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, export_last, train
 from edgeroute.sim.edge import Fleet, Quality
-from policies.predictor import DEFAULT_MODEL_DIR
+from policies.predictor import MODEL_ROOT
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
 
@@ -93,7 +93,7 @@ def test_the_written_graph_is_the_module_with_the_papers_two_layers_too(
 def test_the_shipped_actor_is_what_the_exporter_writes_from_its_weights(
     tmp_path: Path, world: str
 ) -> None:
-    folder = DEFAULT_MODEL_DIR / world
+    folder = MODEL_ROOT / world
     record = json.loads((folder / "runs" / "full-s1" / "training.json").read_text())
     actor = load_actor(folder / "actor.onnx", record["config"])
     export_actor(actor, tmp_path / "actor.onnx")

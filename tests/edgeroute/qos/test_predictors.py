@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edgeroute.qos.predictors import export_predictor, load_predictor_net, train_predictor
-from policies.predictor import DEFAULT_MODEL_DIR
+from policies.predictor import MODEL_ROOT
 from policies.qos_text import MAX_IDS, VOCAB, gram_ids, hashed_ids
 from tests.support import DATA_DIR, needs_data
 
@@ -41,7 +41,7 @@ def test_the_served_predictor_picks_the_buckets_its_module_does(
     """The hand-written graph (the text pooled once, the expert's part of the first
     layer looked up) against the PyTorch module on padded ids, for prompts of every
     size, an empty one included, on every expert; and its weights read back."""
-    folder = DEFAULT_MODEL_DIR / ("routerdc" if quality == "routerdc" else "")
+    folder = MODEL_ROOT / ("routerdc" if quality == "routerdc" else "")
     net = load_predictor_net(folder / "predictor.onnx").eval()
     export_predictor(net, tmp_path / "predictor.onnx")
     import onnxruntime as ort
