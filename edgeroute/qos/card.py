@@ -310,18 +310,18 @@ def card_text(
         ),
         *(
             [
-                "- Runs whose kept actor is the last step's but whose config keeps the best "
-                "were trained so, then exported with `edgeroute train qos-last RUN --out "
-                "FOLDER`."
+                "- Runs kept at their last step whose config keeps the best (the table of "
+                "runs says which) had their last actor exported afterwards, with "
+                "`edgeroute train qos-last RUN --out FOLDER`."
             ]
             if any(
                 r.get("kept") == "last" and r["config"].get("keep") != "last" for r in runs.values()
             )
             else []
         ),
-        "- The other settings are the defaults of `edgeroute/qos/config.py`; then `cp "
-        f"{folder}/runs/"
-        f"{shipped}/actor.onnx {folder}/` and `edgeroute train qos-card --model-dir {folder}"
+        "- The other settings are the defaults of `edgeroute/qos/config.py`; then "
+        f"`cp {folder}/runs/{shipped}/actor.onnx {folder}/` and "
+        f"`edgeroute train qos-card --model-dir {folder}"
         + "".join(f" --sim {_in_repo(p)}" for p in sim)
         + "".join(f" --live {_in_repo(p)}" for p in live)
         + "`.",
