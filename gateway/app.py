@@ -152,6 +152,7 @@ class Gateway:
             self._warmth = asyncio.create_task(
                 keep_warm(
                     self.settings.keep_warm_ms / 1000,
+                    self.settings.keep_warm_for_ms / 1000,
                     self.routes,
                     lambda: forwarder.decided_at,
                     self.metrics.warmups,

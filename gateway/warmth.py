@@ -8,7 +8,9 @@ the gateway repeats each warmable policy's last decision whenever it has made no
 for that long, and the next real one finds the core awake and the caches warm. The
 price is one decision per period without decisions, on the event loop: a request that
 arrives during one waits for it, and so do the chunks of streams relayed meanwhile (no
-new decision is not no work: long streams still flow).
+new decision is not no work: long streams still flow). It is paid only within
+`keep_warm_for_ms` of the last decision: a gateway without traffic goes quiet, and
+the first request after a long silence pays for the cold core once.
 """
 
 from __future__ import annotations
@@ -30,18 +32,23 @@ IDLE_CHECK = 1.0
 
 
 async def keep_warm(
-    period: float, routes: Routes, decided_at: Callable[[], float], warmups: Counter
+    period: float,
+    window: float,
+    routes: Routes,
+    decided_at: Callable[[], float],
+    warmups: Counter,
 ) -> None:
     """Until cancelled: every `period` seconds in which no decision ended (by
-    `decided_at`, a perf_counter time), warm the policies in use that can be, each
-    counted in `warmups` by its name."""
+    `decided_at`, a perf_counter time), as long as one ended within `window` seconds,
+    warm the policies in use that can be, each counted in `warmups` by its name."""
     while True:
         policies = routes.warmable
         if not policies:
             await asyncio.sleep(IDLE_CHECK)
             continue
         await asyncio.sleep(period)
-        if time.perf_counter() - decided_at() < period:
+        idle = time.perf_counter() - decided_at()
+        if idle < period or idle > window:
             continue
         try:
             for policy in policies:

@@ -56,6 +56,7 @@ def start(
     start_gateway: Start,
     model_dir: Path,
     keep_warm_ms: float = 0.0,
+    keep_warm_for_ms: float = 1000.0,
     **params: Any,
 ) -> tuple[str, Any]:
     backends = []
@@ -63,7 +64,12 @@ def start(
         url, _ = start_worker(profile=profile, served_model_names=[profile, MODEL], speedup=2.0)
         backends.append({"url": url, "id": profile})
     spec = {"policy": "qos_drl", "model": str(model_dir), "params": params}
-    return start_gateway(backends, routing={"default": spec}, keep_warm_ms=keep_warm_ms)
+    return start_gateway(
+        backends,
+        routing={"default": spec},
+        keep_warm_ms=keep_warm_ms,
+        keep_warm_for_ms=keep_warm_for_ms,
+    )
 
 
 def warmups(url: str) -> float:
@@ -89,6 +95,38 @@ def test_while_idle_the_gateway_repeats_the_last_decision_to_keep_it_warm(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert again.choices[0].message.content
+
+
+def test_the_warm_ups_stop_when_no_request_came_for_the_window_and_resume_with_one(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    """`keep_warm_for_ms`: a gateway without traffic goes quiet. After one request the
+    warm-ups run, then stop once the window has passed (the count holds still over half
+    a second, and after another second); the next request starts them again."""
+    url, _ = start(
+        start_worker, start_gateway, models["route"], keep_warm_ms=1.0, keep_warm_for_ms=300.0
+    )
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    def ask() -> None:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert answer.choices[0].message.content
+
+    def holds_still() -> bool:
+        before = warmups(url)
+        time.sleep(0.5)
+        return warmups(url) == before
+
+    ask()
+    wait_until(lambda: warmups(url) >= 5)
+    wait_until(holds_still, timeout=30.0)
+    quiet = warmups(url)
+    time.sleep(1.0)
+    assert warmups(url) == quiet  # no request, no warm-up
+    ask()
+    wait_until(lambda: warmups(url) > quiet)
 
 
 def test_by_default_the_gateway_does_not_repeat_decisions(

@@ -51,23 +51,28 @@ def test_a_policy_whose_warm_up_raises_stops_the_loop_with_a_log_not_the_gateway
     metrics = GatewayMetrics()
     with caplog.at_level(logging.ERROR, logger="edgeroute.gateway"):
         # returns by itself: the loop ends instead of raising into the event loop
-        asyncio.run(keep_warm(0.001, Plan(faulty), lambda: 0.0, metrics.warmups))  # type: ignore[arg-type]
+        asyncio.run(keep_warm(0.001, 60.0, Plan(faulty), recently, metrics.warmups))  # type: ignore[arg-type]
     assert faulty.calls == 1
     assert "keeping the decision warm failed" in caplog.text
 
 
+def recently() -> float:
+    """A decision ended 10 ms ago: the loop is idle, within its window."""
+    return time.perf_counter() - 0.010
+
+
+async def run(policy: Any, decided_at: Any, until: Any, metrics: GatewayMetrics) -> None:
+    task = asyncio.create_task(keep_warm(0.001, 60.0, Plan(policy), decided_at, metrics.warmups))  # type: ignore[arg-type]
+    while not until():
+        await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def test_only_warm_ups_that_repeated_a_decision_are_counted_and_none_while_busy() -> None:
     metrics = GatewayMetrics()
-
-    async def run(policy: Counting, decided_at: Any, until: Any) -> None:
-        task = asyncio.create_task(keep_warm(0.001, Plan(policy), decided_at, metrics.warmups))  # type: ignore[arg-type]
-        while not until():
-            await asyncio.sleep(0.001)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
     idle = Counting()
-    asyncio.run(run(idle, lambda: 0.0, lambda: idle.calls >= 4))
+    asyncio.run(run(idle, recently, lambda: idle.calls >= 4, metrics))
     counted = metrics.warmups.labels("counting")._value.get()
     assert counted == idle.calls - 1
 
@@ -78,5 +83,19 @@ def test_only_warm_ups_that_repeated_a_decision_are_counted_and_none_while_busy(
         loops[0] += 1
         return time.perf_counter()
 
-    asyncio.run(run(busy, now, lambda: loops[0] >= 20))
+    asyncio.run(run(busy, now, lambda: loops[0] >= 20, metrics))
     assert busy.calls == 0
+
+
+def test_no_warm_ups_once_the_last_decision_is_older_than_the_window() -> None:
+    """A gateway without traffic goes quiet: the last decision ended 61 s ago, past the
+    60-s window, and the loop looks 20 times without warming."""
+    quiet = Counting()
+    loops = [0]
+
+    def long_ago() -> float:
+        loops[0] += 1
+        return time.perf_counter() - 61.0
+
+    asyncio.run(run(quiet, long_ago, lambda: loops[0] >= 20, GatewayMetrics()))
+    assert quiet.calls == 0
