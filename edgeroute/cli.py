@@ -261,6 +261,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         batch=args.batch,
         buffer=args.buffer,
         eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
         select_on=args.select_on,
         keep=args.keep,
         seed=args.seed,
@@ -510,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--warmup", type=int, default=t.warmup, help="random steps before learning")
     q.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between evaluations")
+    q.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=t.eval_episodes,
+        help="episodes per evaluation at the default setting (with --select-on default)",
+    )
     q.add_argument(
         "--select-on",
         choices=["default", "sweep"],

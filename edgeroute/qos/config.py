@@ -215,6 +215,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.episode_len < 1:
             raise ValueError(f"an episode is at least one decision, not {self.episode_len}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"an evaluation is at least one episode, not {self.eval_episodes}")
         if self.buffer < 1:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.keep not in KEEP:

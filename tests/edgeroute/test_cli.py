@@ -223,6 +223,15 @@ def test_the_replay_size_reaches_the_learner() -> None:
         train_config(parser.parse_args(["train", "qos", "--buffer", "0"]))
 
 
+def test_the_evaluation_takes_at_least_one_episode() -> None:
+    parser = build_parser()
+    assert (
+        train_config(parser.parse_args(["train", "qos", "--eval-episodes", "2"])).eval_episodes == 2
+    )
+    with pytest.raises(ValueError, match="at least one episode, not 0"):
+        train_config(parser.parse_args(["train", "qos", "--eval-episodes", "0"]))
+
+
 @pytest.mark.parametrize(
     ("flag", "bad"),
     [
@@ -376,6 +385,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         batch=8,
         buffer=77,
         eval_every=50,
+        eval_episodes=2,
         select_on="sweep",
         keep="last",
         episode_len=30,
@@ -393,7 +403,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
     unchanged = {
         f.name for f in fields(default) if getattr(changed, f.name) == getattr(default, f.name)
     }
-    assert unchanged == {"eval_episodes", "threads"}
+    assert unchanged == {"threads"}
     assert _trained(changed.flags()) == changed
     assert _trained(default.flags()) == default and default.flags() == ""
     records = sorted(MODEL_ROOT.rglob(RECORD))
