@@ -179,6 +179,7 @@ class BackendPool:
             url=b.config.url,
             role=b.config.role,
             models=b.serves(),
+            expert=b.config.predicted_as,
             healthy=not b.draining and b.circuit.available(now),
             running=b.stats.running,
             waiting=b.stats.waiting,

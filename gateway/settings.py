@@ -76,6 +76,10 @@ class BackendConfig(BaseModel):
     # The backend names its answer after the X-Request-Id it was sent (vLLM does:
     # `chatcmpl-<id>`); the gateway then refuses an answer named otherwise.
     echoes_request_id: bool = False
+    # The model the QoS predictor reads this backend as (a name in its list, e.g.
+    # "meta-llama/Meta-Llama-3-8B"), where the names it serves say otherwise (an
+    # Instruct build, an alias); unset: matched by its served names.
+    predicted_as: str | None = None
     profile: CostProfile = Field(default_factory=CostProfile)
     moe: MoEBackend | None = None  # Prism places this backend's experts
     odmoe: OdMoEConfig | None = None  # an OD-MoE backend: its pipeline, for eq. 1

@@ -60,11 +60,13 @@ class ScorePredictor:
         self._rows: dict[tuple[int | None, ...], tuple[np.ndarray, list[int], bool]] = {}
 
     def index(self, names: Sequence[str]) -> int | None:
-        """The predictor's index of the first of `names` it knows (by name or suffix);
-        None when it knows none."""
+        """The predictor's index of the first of `names` it knows, by its full name or
+        its name after the organisation ("Mistral-7B-v0.1" for
+        "mistralai/Mistral-7B-v0.1"); None when it knows none. A mere tail is no
+        match: a model served as "beta" is not "zephyr-7b-beta"."""
         for name in names:
             for i, m in enumerate(self.models):
-                if name and (name == m or m.endswith("/" + name) or m.endswith(name)):
+                if name and (name == m or m.endswith("/" + name)):
                     return i
         return None
 

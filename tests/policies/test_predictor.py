@@ -114,3 +114,13 @@ def test_best_predicted_routes_around_an_unknown_model_without_failing() -> None
         for e in range(20)
     }
     assert picked and None not in picked
+
+
+def test_a_model_is_known_by_its_full_name_or_its_name_after_the_organisation() -> None:
+    predictor = load_predictor(DEFAULT_PREDICTOR_DIR)
+    zephyr = predictor.models.index("HuggingFaceH4/zephyr-7b-beta")
+    assert predictor.index(["HuggingFaceH4/zephyr-7b-beta"]) == zephyr
+    assert predictor.index(["zephyr-7b-beta"]) == zephyr
+    assert predictor.index(["beta"]) is None  # a tail of a name is another model
+    assert predictor.index(["7b-beta", "", "edge"]) is None
+    assert predictor.index(["edge", "zephyr-7b-beta"]) == zephyr  # the first it knows
