@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -265,6 +265,15 @@ class Settings(BaseSettings):
     # bursts of a busy gateway, not through a quiet night (at 1 ms they cost 11% of a
     # core while idle).
     keep_warm_for_ms: float = Field(default=1000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _warm_ups_can_run(self) -> Settings:
+        if self.keep_warm_ms > self.keep_warm_for_ms:
+            raise ValueError(
+                f"keep_warm_for_ms ({self.keep_warm_for_ms:g}) is shorter than keep_warm_ms "
+                f"({self.keep_warm_ms:g}): no warm-up would ever run"
+            )
+        return self
 
     @field_validator("admin_token", mode="after")
     @classmethod

@@ -141,11 +141,11 @@ def measure_qos_drl(
 
 def full_queues(policy: QoSDRL, n: int) -> list[ClusterView]:
     """Views of N experts with full queues (5 running + 5 waiting each). The experts
-    serve the predictor's models in turn, as in the QoS simulator, so every model it
-    knows (7 for the default's) is predicted per request. Each view differs from the one before in
-    one backend's progress, as the gateway rebuilds the one it dispatched to, and by
-    `with_load` as it does: the health and configuration stay, and so do the filters'
-    verdicts on them."""
+    serve the predictor's models in turn, as in the QoS simulator (the graph predicts
+    every model it knows per request: 7 for the default's). Each view differs from the
+    one before in one backend's progress, as the gateway rebuilds the one it dispatched
+    to, and by `with_load` as it does: the health and configuration stay, and so do the
+    filters' verdicts on them."""
     experts = policy.predictor.models
 
     def requests(generated: int) -> tuple[InflightRequest, ...]:

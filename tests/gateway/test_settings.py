@@ -93,6 +93,16 @@ def test_a_missing_or_malformed_file_is_an_error(tmp_path: Path) -> None:
         load_settings(bad)
 
 
+def test_warm_ups_that_could_never_run_are_refused() -> None:
+    """The warm-ups wait `keep_warm_ms` without a decision and stop `keep_warm_for_ms`
+    after the last one: a window shorter than the wait would leave them configured and
+    never run."""
+    assert Settings(keep_warm_ms=1.0).keep_warm_for_ms == 1000.0
+    assert Settings(keep_warm_ms=2000.0, keep_warm_for_ms=5000.0).keep_warm_ms == 2000.0
+    with pytest.raises(ValueError, match="shorter than keep_warm_ms"):
+        Settings(keep_warm_ms=2000.0)
+
+
 def test_secrets_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEROUTE_REDIS_URL", "redis://:hunter2@store:6379/0")
     monkeypatch.setenv("EDGEROUTE_ADMIN_TOKEN", "adm1n")
