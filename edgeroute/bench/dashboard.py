@@ -37,6 +37,7 @@ from pydantic import SecretStr
 
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import output_dir, save_figure, save_text, write
+from policies.predictor import MODEL_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "edgeroute.json"
@@ -136,7 +137,11 @@ def _gateway_config(backends: list[dict[str, Any]], port: int) -> dict[str, Any]
         "prism_replan_seconds": 60,
         "routing": {
             "default": {"policy": "cla"},
-            "models": {"edge-qos": {"policy": "qos_drl"}, "moe": {"policy": "prism"}},
+            # RouterBench's agent: these workers serve its predictor's models
+            "models": {
+                "edge-qos": {"policy": "qos_drl", "model": str(MODEL_ROOT)},
+                "moe": {"policy": "prism"},
+            },
         },
         "backends": backends,
         "oracle": {
