@@ -9,8 +9,9 @@ for that long, and the next real one finds the core awake and the caches warm. T
 price is one decision per period without decisions, on the event loop: a request that
 arrives during one waits for it, and so do the chunks of streams relayed meanwhile (no
 new decision is not no work: long streams still flow). It is paid only within
-`keep_warm_for_ms` of the last decision: a gateway without traffic goes quiet, and
-the first request after a long silence pays for the cold core once.
+`keep_warm_for_ms` of the last decision: past it the loop still wakes every period to
+look, but warms nothing, and the first request after a long silence pays for the cold
+core once.
 """
 
 from __future__ import annotations

@@ -245,17 +245,21 @@ def write_card(
         raise SystemExit(f"no training records in {model_dir / 'runs'}")
     plot_curves(runs, RESULTS / f"qos_training{card_suffix(model_dir)}.png")
     path = model_dir / "MODEL_CARD.md"
-    path.write_text(card_text(model_dir, data_dir, sim, live))
+    path.write_text(card_text(model_dir, runs, data_dir, sim, live))
     print(f"wrote {path}")
     return path
 
 
 def card_text(
-    model_dir: Path, data_dir: Path, sim: Sequence[Path] = (), live: Sequence[Path] = ()
+    model_dir: Path,
+    runs: dict[str, dict[str, Any]],
+    data_dir: Path,
+    sim: Sequence[Path] = (),
+    live: Sequence[Path] = (),
 ) -> str:
-    """The model card of `model_dir`, from its runs/ and the results files `sim` and
-    `live` (by default those named after the folder, `card_suffix`)."""
-    runs = runs_of(model_dir / "runs")
+    """The model card of `model_dir`, from its runs' records (`runs_of`) and the
+    results files `sim` and `live` (by default those named after the folder,
+    `card_suffix`)."""
     full = {k: v for k, v in runs.items() if v["config"]["variant"] == "full"}
     shipped = max(full or runs, key=lambda k: kept(runs[k])[2])
     cfg = runs[shipped]["config"]
