@@ -155,6 +155,7 @@ class Gateway:
                     self.settings.keep_warm_for_ms / 1000,
                     self.routes,
                     lambda: forwarder.decided_at,
+                    forwarder.decided,
                     self.metrics.warmups,
                 ),
                 name="keep warm",

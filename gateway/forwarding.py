@@ -84,8 +84,10 @@ class Forwarder:
         # for a whole answer.
         self._first_byte = settings.timeouts.first_byte
         self._response = settings.timeouts.response
-        # When the last decision ended (perf_counter): `gateway.warmth` reads it.
+        # When the last decision ended (perf_counter), and an event set at every
+        # decision: `gateway.warmth` reads the one and waits for the other.
         self.decided_at = 0.0
+        self.decided = asyncio.Event()
 
     async def forward(
         self,
@@ -113,6 +115,7 @@ class Forwarder:
         first = pipeline.decide(info, view)
         # Taken before the series lookup below, which is not the policy's time.
         self.decided_at = time.perf_counter()
+        self.decided.set()
         decided_in = self.decided_at - t_decide
         series(self.metrics.decision, pipeline.name).observe(decided_in)
         if first.backend_id is None:

@@ -263,7 +263,7 @@ class Settings(BaseSettings):
     keep_warm_ms: float = Field(default=0.0, ge=0)
     # Milliseconds after the last decision during which the warm-ups go on: between the
     # bursts of a busy gateway, not through a quiet night (at 1 ms they cost 11% of a
-    # core while idle).
+    # core while idle; past the window the loop sleeps until the next decision).
     keep_warm_for_ms: float = Field(default=1000.0, gt=0)
 
     @model_validator(mode="after")

@@ -9,9 +9,9 @@ for that long, and the next real one finds the core awake and the caches warm. T
 price is one decision per period without decisions, on the event loop: a request that
 arrives during one waits for it, and so do the chunks of streams relayed meanwhile (no
 new decision is not no work: long streams still flow). It is paid only within
-`keep_warm_for_ms` of the last decision: past it the loop still wakes every period to
-look, but warms nothing, and the first request after a long silence pays for the cold
-core once.
+`keep_warm_for_ms` of the last decision: past it the loop sleeps until the next
+decision wakes it, so a gateway without traffic spends nothing on it, and the first
+request after a long silence pays for the cold core once.
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ async def keep_warm(
     window: float,
     routes: Routes,
     decided_at: Callable[[], float],
+    decided: asyncio.Event,
     warmups: Counter,
 ) -> None:
     """Until cancelled: every `period` seconds in which no decision ended (by
     `decided_at`, a perf_counter time), as long as one ended within `window` seconds,
-    warm the policies in use that can be, each counted in `warmups` by its name."""
+    warm the policies in use that can be, each counted in `warmups` by its name.
+    Past the window it waits for `decided`, which the gateway sets at every decision."""
     while True:
         policies = routes.warmable
         if not policies:
@@ -49,7 +51,11 @@ async def keep_warm(
             continue
         await asyncio.sleep(period)
         idle = time.perf_counter() - decided_at()
-        if idle < period or idle > window:
+        if idle > window:
+            decided.clear()  # no await between the look and the wait: none is missed
+            await decided.wait()
+            continue
+        if idle < period:
             continue
         try:
             for policy in policies:

@@ -51,7 +51,9 @@ def test_a_policy_whose_warm_up_raises_stops_the_loop_with_a_log_not_the_gateway
     metrics = GatewayMetrics()
     with caplog.at_level(logging.ERROR, logger="edgeroute.gateway"):
         # returns by itself: the loop ends instead of raising into the event loop
-        asyncio.run(keep_warm(0.001, 60.0, Plan(faulty), recently, metrics.warmups))  # type: ignore[arg-type]
+        asyncio.run(
+            keep_warm(0.001, 60.0, Plan(faulty), recently, asyncio.Event(), metrics.warmups)  # type: ignore[arg-type]
+        )
     assert faulty.calls == 1
     assert "keeping the decision warm failed" in caplog.text
 
@@ -62,7 +64,9 @@ def recently() -> float:
 
 
 async def run(policy: Any, decided_at: Any, until: Any, metrics: GatewayMetrics) -> None:
-    task = asyncio.create_task(keep_warm(0.001, 60.0, Plan(policy), decided_at, metrics.warmups))  # type: ignore[arg-type]
+    task = asyncio.create_task(
+        keep_warm(0.001, 60.0, Plan(policy), decided_at, asyncio.Event(), metrics.warmups)  # type: ignore[arg-type]
+    )
     while not until():
         await asyncio.sleep(0.001)
     task.cancel()
@@ -87,15 +91,35 @@ def test_only_warm_ups_that_repeated_a_decision_are_counted_and_none_while_busy(
     assert busy.calls == 0
 
 
-def test_no_warm_ups_once_the_last_decision_is_older_than_the_window() -> None:
+def test_past_the_window_the_loop_sleeps_until_a_decision_wakes_it() -> None:
     """A gateway without traffic goes quiet: the last decision ended 61 s ago, past the
-    60-s window, and the loop looks 20 times without warming."""
+    60-s window, so the loop looks once and then waits, warming nothing, while 1-ms
+    periods go by; a decision wakes it and the warm-ups resume."""
     quiet = Counting()
-    loops = [0]
+    looks = [0]
+    last = [time.perf_counter() - 61.0]
 
-    def long_ago() -> float:
-        loops[0] += 1
-        return time.perf_counter() - 61.0
+    def decided_at() -> float:
+        looks[0] += 1
+        return last[0]
 
-    asyncio.run(run(quiet, long_ago, lambda: loops[0] >= 20, GatewayMetrics()))
-    assert quiet.calls == 0
+    async def scenario() -> None:
+        decided = asyncio.Event()
+        metrics = GatewayMetrics()
+        task = asyncio.create_task(
+            keep_warm(0.001, 60.0, Plan(quiet), decided_at, decided, metrics.warmups)  # type: ignore[arg-type]
+        )
+        while looks[0] == 0:
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # 20 sleeps of at least a period each: 20 looks if it polled
+            await asyncio.sleep(0.002)
+        assert looks[0] == 1
+        assert quiet.calls == 0
+        last[0] = time.perf_counter()  # a request is decided, as the forwarder does it
+        decided.set()
+        while quiet.calls < 3:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
