@@ -51,6 +51,15 @@ def needs_data(what: str, path: Path = DATA_DIR) -> pytest.MarkDecorator:
     )
 
 
+def write_trace(path: Path, requests: int) -> Path:
+    """An Azure-format trace of `requests` requests, one a second."""
+    rows = [
+        f"2023-11-16 18:{i // 60 % 60:02d}:{i % 60:02d}.0000000,100,10" for i in range(requests)
+    ]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -47,6 +47,7 @@ from edgeroute.sim.edge import (
     Quality,
     ServedPredictor,
     azure_arrivals,
+    azure_requests,
     default_experts,
     engine_experts,
     held_out_hardware,
@@ -247,19 +248,33 @@ def main(
             settings.append(("held-out hardware", {"on": "held-out"}))
         if hardware != "engines":
             settings.append(("live engines", {"on": "engines"}))
-    settings.append(("azure trace", {"arrivals": True}))
+    # Environment seed k reads the trace from its (k * episode)-th request: one arrival
+    # at the environment's construction, one at `evaluate`'s reset and one per decision,
+    # so a window reads episode + 2. A trace too short for every seed gives its point
+    # the seeds it has windows for, and says so.
+    windows = max(0, azure_requests(trace_path) - 2) // episode
+    if windows == 0:
+        raise SystemExit(f"{trace_path} holds fewer than {episode + 2} requests: not one episode")
+    trace_seeds = seeds[:windows]
+    trace_label = "azure trace" + (
+        f" ({windows} of the {len(seeds)} seeds: the trace's windows of {episode})"
+        if windows < len(seeds)
+        else ""
+    )
+    settings.append((trace_label, {"arrivals": True}))
     rows: list[dict[str, Any]] = []
     for label, kw in settings:
+        at = trace_seeds if kw.get("arrivals") else seeds
         for name, runs in policies_at(kw.get("latency_ms", DEFAULT_LATENCY_MS)).items():
             per_run = [
-                [evaluate(env_for(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(seeds)]
+                [evaluate(env_for(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(at)]
                 for policy in runs
             ]
             scores = [x for run in per_run for x in run]
             # The sample is the environment seed: an agent's training runs on one seed
             # share its world (hardware, arrivals, prompts), so they are averaged
             # there, not counted as more samples of the world.
-            qos = [statistics.fmean(run[k].qos for run in per_run) for k in range(len(seeds))]
+            qos = [statistics.fmean(run[k].qos for run in per_run) for k in range(len(at))]
             rows.append(
                 {
                     "setting": label,

@@ -387,22 +387,34 @@ def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[Arrival]:
         yield Arrival(t)
 
 
+def _trace_rows(path: Path) -> Iterator[dict[str, str]]:
+    """The rows of an Azure LLM inference trace (CSV, gzipped or not)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as fh:
+        yield from csv.DictReader(fh)
+
+
+def azure_requests(path: Path) -> int:
+    """How many requests an Azure LLM inference trace holds."""
+    return sum(1 for _ in _trace_rows(path))
+
+
 def azure_arrivals(path: Path, rate: float | None = None, start: int = 0) -> Iterator[Arrival]:
     """The requests of an Azure LLM inference trace (any file of that CSV format), from
     the `start`-th, with their context and generated token counts; the instants
     optionally rescaled to a mean `rate` per second."""
     from datetime import datetime
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as fh:
-        rows = [
-            (
-                datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp(),
-                int(row["ContextTokens"]),
-                int(row["GeneratedTokens"]),
-            )
-            for row in csv.DictReader(fh)
-        ][start:]
+    rows = [
+        (
+            datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp(),
+            int(row["ContextTokens"]),
+            int(row["GeneratedTokens"]),
+        )
+        for row in _trace_rows(path)
+    ][start:]
+    if not rows:
+        raise ValueError(f"{path} holds no request from the {start + 1}-th on")
     t0 = rows[0][0]
     span = rows[-1][0] - t0
     scale = (len(rows) / span) / rate if rate and span > 0 else 1.0
@@ -620,7 +632,13 @@ class EdgeEnv:
     # -- requests -----------------------------------------------------------------
 
     def _next_request(self) -> None:
-        arrival = next(self.arrivals)
+        try:
+            arrival = next(self.arrivals)
+        except StopIteration:
+            raise ValueError(
+                f"the arrivals ran out at decision {self.decisions} of the episode's "
+                f"{self.episode_len} (each decision waits for the arrival after it)"
+            ) from None
         self._advance(arrival.t)
         task = self.rng.choice(self.tasks)
         if arrival.prompt_tokens is not None and arrival.output_tokens is not None:

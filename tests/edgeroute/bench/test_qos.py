@@ -13,7 +13,7 @@ import pytest
 
 from edgeroute.bench.qos import agents_named, main, scrape_named, serving_from, variant_named
 from policies.predictor import MODEL_ROOT
-from tests.support import DATA_DIR, needs_data
+from tests.support import DATA_DIR, needs_data, write_trace
 
 
 def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
@@ -184,6 +184,24 @@ def test_an_agents_training_runs_on_one_environment_seed_are_one_sample(tmp_path
     assert thrice["qos_ci"] == alone["qos_ci"]
     assert thrice["paired_minus_agents"].startswith("copy: ")
     assert thrice["paired_minus_agents"].endswith(" of 2)")
+
+
+@needs_data("the RouterDC data")
+def test_a_trace_too_short_for_every_seed_gives_its_point_the_seeds_it_holds(
+    tmp_path: Path,
+) -> None:
+    """Any file of the Azure format is taken: one holding two episodes (of a quick
+    run's 256 decisions, each seed reading 258 requests from its 256 * k-th) gives the
+    trace point two of the three seeds, and its label says so; every other point keeps
+    all three. One holding less than an episode is refused before anything runs."""
+    out = tmp_path / "short.json"
+    trace = write_trace(tmp_path / "trace.csv", 2 * 256 + 2)
+    agent = {"shipped": [MODEL_ROOT / "routerdc"]}
+    main(True, 1, str(out), agent, str(trace), quality="routerdc", n_seeds=3)
+    seeds = {r["setting"]: len(r["per_seed_qos"]) for r in json.loads(out.read_text())["results"]}
+    assert seeds == {"default": 3, "azure trace (2 of the 3 seeds: the trace's windows of 256)": 2}
+    with pytest.raises(SystemExit, match="fewer than 258 requests"):
+        main(True, 1, str(out), agent, str(write_trace(trace, 257)), quality="routerdc")
 
 
 @needs_data("the quality data")

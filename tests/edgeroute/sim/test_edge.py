@@ -17,12 +17,14 @@ from edgeroute.sim.edge import (
     NoisyOracle,
     Task,
     azure_arrivals,
+    azure_requests,
     bucket,
     cluster_view,
     engine_experts,
     engine_fleet,
     poisson_arrivals,
 )
+from tests.support import write_trace
 from workers.profiles import EXPERTS, PROFILES
 from workers.quality import ROUTERDC_MODELS
 
@@ -186,6 +188,33 @@ def test_any_azure_format_file_gives_instants_and_sizes(tmp_path: Path) -> None:
     assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
     assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
     assert [a.t for a in azure_arrivals(trace, rate=3.0)] == pytest.approx([0.0, 0.5, 1.0])
+
+
+def test_an_episode_past_its_traces_end_says_so(tmp_path: Path) -> None:
+    """An episode of E decisions on a trace reads E + 1 arrivals (one at the start,
+    then the one after each decision); with one fewer it stops with an error that says
+    what ran out, and a trace read from past its end is refused as such."""
+    episode = 4
+    trace = write_trace(tmp_path / "trace.csv", episode + 1)
+    assert azure_requests(trace) == episode + 1
+
+    def run(start: int) -> None:
+        env = EdgeEnv(
+            [EXPERT],
+            [task()],
+            episode_len=episode,
+            arrivals=azure_arrivals(trace, start=start),
+            predictor=NoisyOracle(1.0, 1.0),
+        )
+        done = False
+        while not done:
+            _, done = env.step(1)
+
+    run(0)
+    with pytest.raises(ValueError, match="ran out at decision 4 of the episode's 4"):
+        run(1)
+    with pytest.raises(ValueError, match="holds no request from the 6-th on"):
+        run(episode + 1)
 
 
 def _token_times(prompt: int, length: int, expert: EdgeExpert = EXPERT) -> list[float]:
