@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import errno
 import json
 import math
@@ -53,8 +54,10 @@ def needs_data(what: str, path: Path = DATA_DIR) -> pytest.MarkDecorator:
 
 def write_trace(path: Path, requests: int) -> Path:
     """An Azure-format trace of `requests` requests, one a second."""
+    start = datetime.datetime(2023, 11, 16, 18)
     rows = [
-        f"2023-11-16 18:{i // 60 % 60:02d}:{i % 60:02d}.0000000,100,10" for i in range(requests)
+        f"{start + datetime.timedelta(seconds=i):%Y-%m-%d %H:%M:%S}.0000000,100,10"
+        for i in range(requests)
     ]
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
     return path
