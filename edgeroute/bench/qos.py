@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,13 +48,14 @@ from edgeroute.sim.edge import (
     Fleet,
     Quality,
     ServedPredictor,
+    Task,
     azure_arrivals,
-    azure_requests,
     default_experts,
     engine_experts,
     held_out_hardware,
     load_tasks,
 )
+from edgeroute.sim.workload import TraceRequest, read_azure
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor, predictor_dir
 from policies.qos_drl import QoSDRL, load
@@ -144,6 +147,50 @@ def variant_named(
     return base, flags
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What every episode of a simulated sweep shares: the evaluation prompts, the
+    served predictor, the trace, the quality world, how the experts are drawn, the
+    hardware of every point, the episode's length and the scrape."""
+
+    tasks: list[Task]
+    predictor: ServedPredictor
+    trace: Sequence[TraceRequest]
+    quality: Quality = "routerbench"
+    fleet: Fleet = Fleet()
+    hardware: Hardware = "seed-0"
+    episode: int = 512
+    scrape_ms: float | None = None
+
+    def env(
+        self,
+        k: int,
+        n: int = 6,
+        rate: float = DEFAULT_RATE,
+        latency_ms: float = DEFAULT_LATENCY_MS,
+        arrivals: bool = False,
+        on: Hardware | None = None,
+    ) -> EdgeEnv:
+        """The k-th environment seed's episode with `n` experts `on` hardware seed 0 (no
+        agent trained on it), the k-th held-out hardware or the live run's engines (by
+        default the sweep's); a trace is read from its k-th window."""
+        on = on or self.hardware
+        models = QUALITY_MODELS[self.quality]
+        drawn = held_out_hardware(k) if on == "held-out" else 0
+        return EdgeEnv(
+            engine_experts(models, n)
+            if on == "engines"
+            else default_experts(n, seed=drawn, models=models, fleet=self.fleet),
+            self.tasks,
+            rate=rate,
+            latency_req=latency_ms / 1000,
+            episode_len=self.episode,
+            predictor=self.predictor,
+            arrivals=azure_arrivals(self.trace, rate, start=k * self.episode) if arrivals else None,
+            scrape=None if self.scrape_ms is None else self.scrape_ms / 1000,
+        )
+
+
 def main(
     quick: bool,
     seed: int,
@@ -181,8 +228,7 @@ def main(
     usual = 1 if quick else 10
     seeds = [seed + 100 + i for i in range(n_seeds or usual)]
     episode = 256 if quick else 512
-    world = load_predictor(quality_dir(quality))
-    predictor = ServedPredictor(world)
+    predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     base, variant_flags = variant_named(base, seed, hardware, None if n_seeds == usual else n_seeds)
     result_name, model_flags = agents_named(base, models, serving)
@@ -212,31 +258,16 @@ def main(
         return {**fixed, **agents}
 
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")
-
-    def env_for(
-        k: int,
-        n: int = 6,
-        rate: float = DEFAULT_RATE,
-        latency_ms: float = DEFAULT_LATENCY_MS,
-        arrivals: bool = False,
-        on: Hardware = hardware,
-    ) -> EdgeEnv:
-        """The k-th environment seed's episode with `n` experts `on` hardware seed 0 (no
-        agent trained on it), the k-th held-out hardware or the live run's engines; a
-        trace is read from its k-th window."""
-        drawn = held_out_hardware(k) if on == "held-out" else 0
-        return EdgeEnv(
-            engine_experts(QUALITY_MODELS[quality], n)
-            if on == "engines"
-            else default_experts(n, seed=drawn, models=QUALITY_MODELS[quality], fleet=fleet),
-            tasks,
-            rate=rate,
-            latency_req=latency_ms / 1000,
-            episode_len=episode,
-            predictor=predictor,
-            arrivals=azure_arrivals(trace_path, rate, start=k * episode) if arrivals else None,
-            scrape=None if scrape_ms is None else scrape_ms / 1000,
-        )
+    sweep = Sweep(
+        tasks=tasks,
+        predictor=predictor,
+        trace=read_azure(trace_path),  # once: every environment reads a window of it
+        quality=quality,
+        fleet=fleet,
+        hardware=hardware,
+        episode=episode,
+        scrape_ms=scrape_ms,
+    )
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
     if not quick:
@@ -252,7 +283,7 @@ def main(
     # at the environment's construction, one at `evaluate`'s reset and one per decision,
     # so a window reads episode + 2. A trace too short for every seed gives its point
     # the seeds it has windows for, and says so.
-    windows = max(0, azure_requests(trace_path) - 2) // episode
+    windows = max(0, len(sweep.trace) - 2) // episode
     if windows == 0:
         raise SystemExit(f"{trace_path} holds fewer than {episode + 2} requests: not one episode")
     trace_seeds = seeds[:windows]
@@ -267,7 +298,7 @@ def main(
         at = trace_seeds if kw.get("arrivals") else seeds
         for name, runs in policies_at(kw.get("latency_ms", DEFAULT_LATENCY_MS)).items():
             per_run = [
-                [evaluate(env_for(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(at)]
+                [evaluate(sweep.env(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(at)]
                 for policy in runs
             ]
             scores = [x for run in per_run for x in run]

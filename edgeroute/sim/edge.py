@@ -15,14 +15,12 @@ expects to cross L.
 
 from __future__ import annotations
 
-import csv
 import errno
-import gzip
 import hashlib
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
+from edgeroute.sim.workload import TraceRequest
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.profiles import EXPERTS, PROFILES
@@ -387,39 +386,20 @@ def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[Arrival]:
         yield Arrival(t)
 
 
-def _trace_rows(path: Path) -> Iterator[dict[str, str]]:
-    """The rows of an Azure LLM inference trace (CSV, gzipped or not)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as fh:
-        yield from csv.DictReader(fh)
-
-
-def azure_requests(path: Path) -> int:
-    """How many requests an Azure LLM inference trace holds."""
-    return sum(1 for _ in _trace_rows(path))
-
-
-def azure_arrivals(path: Path, rate: float | None = None, start: int = 0) -> Iterator[Arrival]:
-    """The requests of an Azure LLM inference trace (any file of that CSV format), from
-    the `start`-th, with their context and generated token counts; the instants
-    optionally rescaled to a mean `rate` per second."""
-    from datetime import datetime
-
-    rows = [
-        (
-            datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp(),
-            int(row["ContextTokens"]),
-            int(row["GeneratedTokens"]),
-        )
-        for row in _trace_rows(path)
-    ][start:]
-    if not rows:
-        raise ValueError(f"{path} holds no request from the {start + 1}-th on")
-    t0 = rows[0][0]
-    span = rows[-1][0] - t0
-    scale = (len(rows) / span) / rate if rate and span > 0 else 1.0
-    for stamp, context, generated in rows:
-        yield Arrival((stamp - t0) * scale, context, generated)
+def azure_arrivals(
+    requests: Sequence[TraceRequest], rate: float | None = None, start: int = 0
+) -> Iterator[Arrival]:
+    """A trace's requests (`workload.read_azure`: the Azure LLM inference CSV) from the
+    `start`-th, with their context and generated token counts; the instants optionally
+    rescaled to a mean `rate` per second."""
+    window = requests[start:]
+    if not window:
+        raise ValueError(f"the trace holds no request from the {start + 1}-th on")
+    t0 = window[0].t
+    span = window[-1].t - t0
+    scale = (len(window) / span) / rate if rate and span > 0 else 1.0
+    for r in window:
+        yield Arrival((r.t - t0) * scale, r.input_len, r.output_len)
 
 
 @dataclass(eq=False)

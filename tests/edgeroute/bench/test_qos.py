@@ -204,6 +204,55 @@ def test_a_trace_too_short_for_every_seed_gives_its_point_the_seeds_it_holds(
         main(True, 1, str(out), agent, str(write_trace(trace, 257)), quality="routerdc")
 
 
+@needs_data("the RouterDC data")
+def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed() -> None:
+    """Committed results come from the code that is here: (65)'s sweep on the live
+    engines, replayed at its default point on its first environment seed, gives each
+    policy's committed QoS exactly (the simulator is deterministic). A change to the
+    simulator, the features or the serving policy that moves a committed figure fails
+    here, until the results are run again."""
+    from edgeroute.bench.qos import Sweep
+    from edgeroute.qos.config import DEFAULT_LATENCY_MS, best_predicted, quality_dir
+    from edgeroute.qos.evaluate import BASELINES, evaluate, served
+    from edgeroute.results_io import output_dir
+    from edgeroute.sim.edge import ServedPredictor, load_tasks
+    from edgeroute.sim.workload import read_azure
+    from policies import PipelineSpec, build_pipeline
+    from policies.predictor import load_predictor
+    from policies.qos_drl import load
+
+    name = "qos_routerdc_scrape-1000ms_engine-hw_seed-1001_seeds-60_last5-full_last5-dsa_last5-baseline"
+    committed = json.loads((output_dir(False) / f"{name}.json").read_text())
+    first_seed = committed["config"]["seeds"][0]
+    first_run = Path(committed["config"]["models"]["last5-full"][0])
+    rows = {r["policy"]: r for r in committed["results"] if r["setting"] == "default"}
+    sweep = Sweep(
+        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
+        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+        trace=read_azure(DATA_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz"),
+        quality="routerdc",
+        hardware="engines",
+        scrape_ms=1000,
+    )
+    policies = {
+        "RR": BASELINES["RR"],
+        "SQF": BASELINES["SQF"],
+        "least_load": served(build_pipeline(PipelineSpec(policy="least_load"))),
+        "BR": served(build_pipeline(PipelineSpec(**best_predicted("routerdc")))),
+        "last5-full (5 seeds)": served(load(first_run, DEFAULT_LATENCY_MS)),
+    }
+    got = {n: evaluate(sweep.env(0), p, [first_seed]).qos for n, p in policies.items()}
+    assert got == {n: rows[n]["per_run_qos"][0][0] for n in policies}
+    # and the trace point, which reads the first window of the Azure trace
+    (trace_row,) = (
+        r
+        for r in committed["results"]
+        if r["setting"].startswith("azure trace") and r["policy"] == "least_load"
+    )
+    on_trace = evaluate(sweep.env(0, arrivals=True), policies["least_load"], [first_seed])
+    assert on_trace.qos == trace_row["per_run_qos"][0][0]
+
+
 @needs_data("the quality data")
 def test_an_agent_with_another_worlds_predictor_is_refused(tmp_path: Path) -> None:
     """An actor lying outside its world's folder would fall back to the predictor the

@@ -17,13 +17,13 @@ from edgeroute.sim.edge import (
     NoisyOracle,
     Task,
     azure_arrivals,
-    azure_requests,
     bucket,
     cluster_view,
     engine_experts,
     engine_fleet,
     poisson_arrivals,
 )
+from edgeroute.sim.workload import read_azure
 from tests.support import write_trace
 from workers.profiles import EXPERTS, PROFILES
 from workers.quality import ROUTERDC_MODELS
@@ -184,10 +184,29 @@ def test_any_azure_format_file_gives_instants_and_sizes(tmp_path: Path) -> None:
         "2023-11-16 18:15:48.6805900,396,109\n"
         "2023-11-16 18:15:50.6805900,12,3\n"
     )
-    got = list(azure_arrivals(trace))
+    got = list(azure_arrivals(read_azure(trace)))
     assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
     assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
-    assert [a.t for a in azure_arrivals(trace, rate=3.0)] == pytest.approx([0.0, 0.5, 1.0])
+    assert [a.t for a in azure_arrivals(read_azure(trace), rate=3.0)] == pytest.approx(
+        [0.0, 0.5, 1.0]
+    )
+
+
+def test_a_trace_out_of_order_arrives_in_time_order(tmp_path: Path) -> None:
+    """A file whose rows are not in time order (concatenated logs) still gives arrivals
+    that never go back in time, each with its own sizes, and a window counts from the
+    earliest request in it."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.6805900,12,3\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:48.6805900,396,109\n"
+    )
+    got = list(azure_arrivals(read_azure(trace)))
+    assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
+    assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
+    assert [a.t for a in azure_arrivals(read_azure(trace), start=1)] == pytest.approx([0.0, 2.0])
 
 
 def test_an_episode_past_its_traces_end_says_so(tmp_path: Path) -> None:
@@ -195,8 +214,8 @@ def test_an_episode_past_its_traces_end_says_so(tmp_path: Path) -> None:
     then the one after each decision); with one fewer it stops with an error that says
     what ran out, and a trace read from past its end is refused as such."""
     episode = 4
-    trace = write_trace(tmp_path / "trace.csv", episode + 1)
-    assert azure_requests(trace) == episode + 1
+    trace = read_azure(write_trace(tmp_path / "trace.csv", episode + 1))
+    assert len(trace) == episode + 1
 
     def run(start: int) -> None:
         env = EdgeEnv(
