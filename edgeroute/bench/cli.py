@@ -98,7 +98,8 @@ def positive_rate(text: str) -> float:
 
 
 def positive_factor(text: str) -> float:
-    """`--speedup X` (of `bench qos --live`): a factor, X > 0."""
+    """`--speedup X` (of `bench qos --live`) or `--time-scale X` (of a simulated `bench
+    qos`): a factor, X > 0."""
     return _positive(text, "a factor", "X", float)
 
 
@@ -280,6 +281,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the gateway scrapes so (default: its own); results of their own",
     )
     add_hardware_options(q)
+    q.add_argument(
+        "--time-scale",
+        type=positive_factor,
+        default=1.0,
+        metavar="X",
+        help="simulation: every expert's time constants multiplied by X (1.02: engines 2%% "
+        "slower than profiled, as the live run's are); results of their own",
+    )
     q.add_argument(
         "--speedup",
         type=positive_factor,
@@ -548,6 +557,7 @@ def _qos(a: argparse.Namespace) -> None:
         serving_from(a.no_shed, a.sample),
         hardware_from(a),
         a.seeds,
+        a.time_scale,
     )
 
 
@@ -608,6 +618,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
         return _hardware_refused(a)
     simulated_only = (
         (["trace"] if a.trace is not None else [])
+        + (["time_scale"] if a.time_scale != 1.0 else [])
         + (["held_out_hardware"] if a.held_out_hardware else [])
         + (["engine_hardware"] if a.engine_hardware else [])
         + changed

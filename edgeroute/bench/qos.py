@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,12 +125,16 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
 
 
 def variant_named(
-    base: str, first_seed: int = 1, hardware: Hardware = "seed-0", seeds: int | None = None
+    base: str,
+    first_seed: int = 1,
+    hardware: Hardware = "seed-0",
+    seeds: int | None = None,
+    time_scale: float = 1.0,
 ) -> tuple[str, str]:
     """The results' name and flags for other samples of a world: the hardware of every
-    point (`Hardware`), environment seeds from another first one, or another number of
-    them (None: the mode's default). Results of their own, so that the committed ones
-    stay what their command says."""
+    point (`Hardware`), every expert's time constants scaled, environment seeds from
+    another first one, or another number of them (None: the mode's default). Results of
+    their own, so that the committed ones stay what their command says."""
     flags = ""
     if hardware == "held-out":
         base += "_held-out-hw"
@@ -138,6 +142,9 @@ def variant_named(
     elif hardware == "engines":
         base += "_engine-hw"
         flags += " --engine-hardware"
+    if time_scale != 1.0:
+        base += f"_time-x{time_scale:g}"
+        flags += f" --time-scale {time_scale:g}"
     if first_seed != 1:
         base += f"_seed-{first_seed}"
         flags += f" --seed {first_seed}"
@@ -161,6 +168,7 @@ class Sweep:
     hardware: Hardware = "seed-0"
     episode: int = 512
     scrape_ms: float | None = None
+    time_scale: float = 1.0  # every expert's time constants times this: 1.02 is 2% slower
 
     def env(
         self,
@@ -177,10 +185,16 @@ class Sweep:
         on = on or self.hardware
         models = QUALITY_MODELS[self.quality]
         drawn = held_out_hardware(k) if on == "held-out" else 0
-        return EdgeEnv(
+        experts = (
             engine_experts(models, n)
             if on == "engines"
-            else default_experts(n, seed=drawn, models=models, fleet=self.fleet),
+            else default_experts(n, seed=drawn, models=models, fleet=self.fleet)
+        )
+        if self.time_scale != 1.0:
+            f = self.time_scale
+            experts = [replace(e, base=e.base * f, k1=e.k1 * f, k2=e.k2 * f) for e in experts]
+        return EdgeEnv(
+            experts,
             self.tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
@@ -203,6 +217,7 @@ def main(
     serving: Serving | None = None,
     hardware: Hardware = "seed-0",
     n_seeds: int | None = None,
+    time_scale: float = 1.0,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure on an environment seed is the mean of its
@@ -218,7 +233,8 @@ def main(
     the k-th held-out draw (`held-out`), or every point on the live run's engine
     profiles, N of them cycled (`engines`: one fleet no agent trained on, so that the
     intervals hold the workload's spread and not the draws'). `n_seeds`: environment seeds per point
-    (None: 10, or 1 for a quick run)."""
+    (None: 10, or 1 for a quick run). `time_scale`: every expert's time constants
+    multiplied by it (1.02: engines 2% slower than profiled, as the live run's are)."""
     from workers.quality import default_data_dir
 
     serving = serving or {}
@@ -230,7 +246,9 @@ def main(
     episode = 256 if quick else 512
     predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
-    base, variant_flags = variant_named(base, seed, hardware, None if n_seeds == usual else n_seeds)
+    base, variant_flags = variant_named(
+        base, seed, hardware, None if n_seeds == usual else n_seeds, time_scale
+    )
     result_name, model_flags = agents_named(base, models, serving)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
@@ -267,6 +285,7 @@ def main(
         hardware=hardware,
         episode=episode,
         scrape_ms=scrape_ms,
+        time_scale=time_scale,
     )
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
@@ -387,7 +406,14 @@ def main(
             if hardware == "engines"
             else ""
         )
-        + "). The trace "
+        + ")"
+        + (
+            ""
+            if time_scale == 1.0
+            else f", every expert's time constants (base, per prefill token, per context "
+            f"token) multiplied by {time_scale:g} (`--time-scale`)"
+        )
+        + ". The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "
         "interval lies above (`wins`), below (`loses`) or overlaps (`tie`) the best "

@@ -236,7 +236,7 @@ def test_the_evaluation_takes_at_least_one_episode() -> None:
     ("flag", "bad"),
     [
         (flag, bad)
-        for flag in ("--rate", "--latency-ms", "--seeds", "--engines", "--speedup")
+        for flag in ("--rate", "--latency-ms", "--seeds", "--engines", "--speedup", "--time-scale")
         for bad in ("0", "-2", "soon")
     ],
 )
@@ -318,6 +318,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
         (["qos", "--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),
         (["qos", "--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
         (["qos", "--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
+        (["qos", "--live", "--time-scale", "1.02"], "--time-scale is for simulated runs"),
         (["qos", "--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
         (["qos", "--live", "--engine-hardware"], "--engine-hardware is for simulated runs"),
         (

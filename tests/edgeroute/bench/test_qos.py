@@ -58,6 +58,10 @@ def test_other_hardware_draws_and_seeds_write_results_of_their_own() -> None:
         "qos_held-out-hw_seeds-30",
         " --held-out-hardware --seeds 30",
     )
+    assert variant_named("qos", 1, "engines", 60, 1.02) == (
+        "qos_engine-hw_time-x1.02_seeds-60",
+        " --engine-hardware --time-scale 1.02 --seeds 60",
+    )
 
 
 @needs_data("the RouterDC data")
@@ -251,6 +255,38 @@ def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed()
     )
     on_trace = evaluate(sweep.env(0, arrivals=True), policies["least_load"], [first_seed])
     assert on_trace.qos == trace_row["per_run_qos"][0][0]
+
+
+@needs_data("the RouterDC data")
+def test_a_time_scale_lengthens_every_experts_time_constants_wherever_they_are() -> None:
+    """`--time-scale 1.02`: on every kind of hardware each expert's base, per-prefill-
+    token and per-context-token times are 2% longer and nothing else of it changes, so
+    the same policy on the same seed answers more slowly."""
+    from dataclasses import replace
+
+    from edgeroute.bench.qos import Sweep
+    from edgeroute.qos.config import quality_dir
+    from edgeroute.qos.evaluate import evaluate, served
+    from edgeroute.sim.edge import ServedPredictor, load_tasks
+    from policies import PipelineSpec, build_pipeline
+    from policies.predictor import load_predictor
+
+    sweep = Sweep(
+        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
+        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+        trace=[],
+        quality="routerdc",
+    )
+    slow = replace(sweep, time_scale=1.02)
+    for on in ("seed-0", "held-out", "engines"):
+        before, after = sweep.env(3, on=on).specs, slow.env(3, on=on).specs
+        assert after == [
+            replace(e, base=e.base * 1.02, k1=e.k1 * 1.02, k2=e.k2 * 1.02) for e in before
+        ]
+        assert all(a.base > b.base and a.k1 > b.k1 for a, b in zip(after, before, strict=True))
+    least_load = served(build_pipeline(PipelineSpec(policy="least_load")))
+    took = [evaluate(s.env(0), least_load, [101]).latency_ms for s in (sweep, slow)]
+    assert took[1] > took[0]
 
 
 @needs_data("the quality data")
