@@ -556,8 +556,8 @@ def _qos(a: argparse.Namespace) -> None:
         fleet_from(a),
         serving_from(a.no_shed, a.sample),
         hardware_from(a),
-        a.seeds,
-        a.time_scale,
+        n_seeds=a.seeds,
+        time_scale=a.time_scale,
     )
 
 

@@ -287,7 +287,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
     seen: dict[str, object] = {}
 
     def simulated(*args: object, **kwargs: object) -> None:
-        seen["simulated"] = args[-1]
+        seen["simulated"] = kwargs["n_seeds"]
 
     def live(*args: object, **kwargs: object) -> None:
         seen["live"] = kwargs["n_seeds"]
