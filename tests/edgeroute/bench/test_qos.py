@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from edgeroute.bench.qos import agents_named, main, scrape_named, serving_from, variant_named
+from edgeroute.bench.qos import (
+    Sweep,
+    agents_named,
+    main,
+    scrape_named,
+    serving_from,
+    variant_named,
+)
 from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data, write_trace
 
@@ -208,6 +215,22 @@ def test_a_trace_too_short_for_every_seed_gives_its_point_the_seeds_it_holds(
         main(True, 1, str(out), agent, str(write_trace(trace, 257)), quality="routerdc")
 
 
+def _routerdc_sweep(**kw: Any) -> Sweep:
+    """A sweep of the RouterDC world as `bench qos` builds it: the evaluation prompts and
+    the served predictor, no trace unless given, the rest as `kw` says."""
+    from edgeroute.qos.config import quality_dir
+    from edgeroute.sim.edge import ServedPredictor, load_tasks
+    from policies.predictor import load_predictor
+
+    kw.setdefault("trace", [])
+    return Sweep(
+        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
+        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+        quality="routerdc",
+        **kw,
+    )
+
+
 @needs_data("the RouterDC data")
 def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed() -> None:
     """Committed results come from the code that is here: (65)'s sweep on the live
@@ -215,14 +238,11 @@ def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed()
     policy's committed QoS exactly (the simulator is deterministic). A change to the
     simulator, the features or the serving policy that moves a committed figure fails
     here, until the results are run again."""
-    from edgeroute.bench.qos import Sweep
-    from edgeroute.qos.config import DEFAULT_LATENCY_MS, best_predicted, quality_dir
+    from edgeroute.qos.config import DEFAULT_LATENCY_MS, best_predicted
     from edgeroute.qos.evaluate import BASELINES, evaluate, served
     from edgeroute.results_io import output_dir
-    from edgeroute.sim.edge import ServedPredictor, load_tasks
     from edgeroute.sim.workload import read_azure
     from policies import PipelineSpec, build_pipeline
-    from policies.predictor import load_predictor
     from policies.qos_drl import load
 
     name = "qos_routerdc_scrape-1000ms_engine-hw_seed-1001_seeds-60_last5-full_last5-dsa_last5-baseline"
@@ -230,11 +250,8 @@ def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed()
     first_seed = committed["config"]["seeds"][0]
     first_run = Path(committed["config"]["models"]["last5-full"][0])
     rows = {r["policy"]: r for r in committed["results"] if r["setting"] == "default"}
-    sweep = Sweep(
-        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
-        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+    sweep = _routerdc_sweep(
         trace=read_azure(DATA_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz"),
-        quality="routerdc",
         hardware="engines",
         scrape_ms=1000,
     )
@@ -264,19 +281,10 @@ def test_a_time_scale_lengthens_every_experts_time_constants_wherever_they_are()
     the same policy on the same seed answers more slowly."""
     from dataclasses import replace
 
-    from edgeroute.bench.qos import Sweep
-    from edgeroute.qos.config import quality_dir
     from edgeroute.qos.evaluate import evaluate, served
-    from edgeroute.sim.edge import ServedPredictor, load_tasks
     from policies import PipelineSpec, build_pipeline
-    from policies.predictor import load_predictor
 
-    sweep = Sweep(
-        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
-        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
-        trace=[],
-        quality="routerdc",
-    )
+    sweep = _routerdc_sweep()
     slow = replace(sweep, time_scale=1.02)
     for on in ("seed-0", "held-out", "engines"):
         before, after = sweep.env(3, on=on).specs, slow.env(3, on=on).specs
