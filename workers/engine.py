@@ -24,10 +24,11 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from workers.prefix_cache import PrefixCache, skipped
 from workers.profiles import EngineProfile
 
 log = logging.getLogger("edgeroute.worker")
@@ -116,7 +117,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_blocks = profile.kv_blocks
-        self.prefix_cache: OrderedDict[int, None] = OrderedDict()
+        self.prefix_cache = PrefixCache(profile.kv_blocks, profile.block_size)
         self.stats = EngineStats()
         # Called with ("first_token" | "token" | "finished", seq, the engine's clock).
         self.observers: list[Observer] = [observer] if observer is not None else []
@@ -267,27 +268,13 @@ class Engine:
             self.stats.prompt_tokens += prefill
             self.running.append(seq)
             admitted.append(seq)
-            self._remember_prefix(seq)
+            self.prefix_cache.remember(seq.prefix_hashes)
         return admitted
 
     def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
         """(tokens hit in the local prefix cache, tokens whose prefill is skipped)."""
-        hit = 0
-        for h in seq.prefix_hashes:
-            if h not in self.prefix_cache:
-                break
-            hit += 1
-        local = hit * self.profile.block_size
-        # The last prompt token is always computed: it yields the first output token.
-        return local, min(max(local, seq.remote_cached_tokens), seq.context - 1)
-
-    def _remember_prefix(self, seq: Sequence) -> None:
-        cache = self.prefix_cache
-        for h in seq.prefix_hashes:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > self.profile.kv_blocks:
-            cache.popitem(last=False)
+        local = self.prefix_cache.hit(seq.prefix_hashes)
+        return local, skipped(max(local, seq.remote_cached_tokens), seq.context)
 
     def _release(self, seq: Sequence) -> None:
         self.free_blocks += seq.blocks

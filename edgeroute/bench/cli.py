@@ -12,7 +12,7 @@ from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, QUALITIES
 from edgeroute.sim.edge import Fleet, check_range
 
 if TYPE_CHECKING:
-    from edgeroute.bench.qos import Hardware
+    from edgeroute.bench.qos import Hardware, Physics
 
 _N = TypeVar("_N", int, float)
 
@@ -281,14 +281,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the gateway scrapes so (default: its own); results of their own",
     )
     add_hardware_options(q)
-    q.add_argument(
-        "--time-scale",
-        type=positive_factor,
-        default=1.0,
-        metavar="X",
-        help="simulation: every expert's time constants multiplied by X (1.02: engines 2%% "
-        "slower than profiled, as the live run's are); results of their own",
-    )
+    add_physics_options(q)
     q.add_argument(
         "--speedup",
         type=positive_factor,
@@ -336,6 +329,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     qp.add_argument("--json", help="also write the results as JSON here")
     qp.set_defaults(func=lambda a: _qos_pool(a))
+    rp = command(
+        "qos-replay", help="a live QoS run's own request streams replayed in the simulator"
+    )
+    rp.add_argument("run", type=Path, metavar="RESULTS.json", help="`bench qos --live` results")
+    add_physics_options(rp)
+    rp.add_argument("--json", help="also write the results as JSON here")
+    rp.set_defaults(func=lambda a: _qos_replay(a))
     pd = command("qos-paired", help="paired differences between policies of one QoS run")
     pd.add_argument("run", type=Path, metavar="RESULTS.json", help="`bench qos` results")
     pd.add_argument(
@@ -557,8 +557,40 @@ def _qos(a: argparse.Namespace) -> None:
         serving_from(a.no_shed, a.sample),
         hardware_from(a),
         n_seeds=a.seeds,
-        time_scale=a.time_scale,
+        physics=physics_from(a),
     )
+
+
+def add_physics_options(p: argparse.ArgumentParser) -> None:
+    """How the simulated engines differ from their profiles, for `bench qos` and `bench
+    qos-replay` (`edgeroute.bench.qos.Physics`; read back by `physics_from`)."""
+    p.add_argument(
+        "--time-scale",
+        type=positive_factor,
+        default=1.0,
+        metavar="X",
+        help="simulation: every expert's time constants multiplied by X (1.02: engines 2%% "
+        "slower than profiled, as the live run's are); results of their own",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="simulation: every expert keeps the emulated engine's prefix cache, as the "
+        "live run's do (a prompt it has seen skips its cached blocks' prefill); results of "
+        "their own",
+    )
+
+
+def physics_from(a: argparse.Namespace) -> Physics:
+    from edgeroute.bench.qos import Physics
+
+    return Physics(a.time_scale, a.prefix_cache)
+
+
+def _qos_replay(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_replay import main
+
+    main(a.run, physics_from(a), a.json)
 
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
@@ -619,6 +651,7 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     simulated_only = (
         (["trace"] if a.trace is not None else [])
         + (["time_scale"] if a.time_scale != 1.0 else [])
+        + (["prefix_cache"] if a.prefix_cache else [])
         + (["held_out_hardware"] if a.held_out_hardware else [])
         + (["engine_hardware"] if a.engine_hardware else [])
         + changed

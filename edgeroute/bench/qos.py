@@ -44,7 +44,9 @@ from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, serv
 from edgeroute.results_io import output_dir, recorded, save_figure, table, write
 from edgeroute.sim.edge import (
     QUALITY_MODELS,
+    Arrival,
     EdgeEnv,
+    EdgeExpert,
     Fleet,
     Quality,
     ServedPredictor,
@@ -124,17 +126,67 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
     return f"{base}_scrape-{scrape_ms:g}ms", f" --scrape-ms {scrape_ms:g}"
 
 
+@dataclass(frozen=True)
+class Physics:
+    """What the simulated engines do beyond their profiles: run `time_scale` times
+    slower (1.02: 2% slower than profiled, as the live run's engines are), and keep the
+    emulated worker's prefix cache (as the live run's engines do). The default is the
+    world the agents trained in: the profiles as they are, no cache."""
+
+    time_scale: float = 1.0
+    prefix_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"the time scale must be > 0, not {self.time_scale:g}")
+
+    def experts(self, experts: list[EdgeExpert]) -> list[EdgeExpert]:
+        """`experts` with their time constants (base, per prefill token, per context
+        token) scaled."""
+        f = self.time_scale
+        if f == 1.0:
+            return experts
+        return [replace(e, base=e.base * f, k1=e.k1 * f, k2=e.k2 * f) for e in experts]
+
+    def named(self, base: str) -> tuple[str, str]:
+        """The results' name and the flags that give this world."""
+        flags = ""
+        if self.time_scale != 1.0:
+            base += f"_time-x{self.time_scale:g}"
+            flags += f" --time-scale {self.time_scale:g}"
+        if self.prefix_cache:
+            base += "_prefix-cache"
+            flags += " --prefix-cache"
+        return base, flags
+
+    def describe(self) -> str:
+        """For a results file's notes: how this world differs from the profiles ("" if
+        it does not)."""
+        said = []
+        if self.time_scale != 1.0:
+            said.append(
+                "every expert's time constants (base, per prefill token, per context "
+                f"token) multiplied by {self.time_scale:g} (`--time-scale`)"
+            )
+        if self.prefix_cache:
+            said.append(
+                "every expert keeping the emulated engine's prefix cache, so that a prompt "
+                "it has seen skips the prefill of its cached blocks (`--prefix-cache`)"
+            )
+        return ", ".join(said)
+
+
 def variant_named(
     base: str,
     first_seed: int = 1,
     hardware: Hardware = "seed-0",
     seeds: int | None = None,
-    time_scale: float = 1.0,
+    physics: Physics = Physics(),
 ) -> tuple[str, str]:
     """The results' name and flags for other samples of a world: the hardware of every
-    point (`Hardware`), every expert's time constants scaled, environment seeds from
-    another first one, or another number of them (None: the mode's default). Results of
-    their own, so that the committed ones stay what their command says."""
+    point (`Hardware`), other physics (`Physics`), environment seeds from another first
+    one, or another number of them (None: the mode's default). Results of their own, so
+    that the committed ones stay what their command says."""
     flags = ""
     if hardware == "held-out":
         base += "_held-out-hw"
@@ -142,9 +194,8 @@ def variant_named(
     elif hardware == "engines":
         base += "_engine-hw"
         flags += " --engine-hardware"
-    if time_scale != 1.0:
-        base += f"_time-x{time_scale:g}"
-        flags += f" --time-scale {time_scale:g}"
+    base, more = physics.named(base)
+    flags += more
     if first_seed != 1:
         base += f"_seed-{first_seed}"
         flags += f" --seed {first_seed}"
@@ -168,7 +219,7 @@ class Sweep:
     hardware: Hardware = "seed-0"
     episode: int = 512
     scrape_ms: float | None = None
-    time_scale: float = 1.0  # every expert's time constants times this: 1.02 is 2% slower
+    physics: Physics = Physics()
 
     def env(
         self,
@@ -178,10 +229,13 @@ class Sweep:
         latency_ms: float = DEFAULT_LATENCY_MS,
         arrivals: bool = False,
         on: Hardware | None = None,
+        stream: Sequence[Arrival] | None = None,
     ) -> EdgeEnv:
         """The k-th environment seed's episode with `n` experts `on` hardware seed 0 (no
         agent trained on it), the k-th held-out hardware or the live run's engines (by
-        default the sweep's); a trace is read from its k-th window."""
+        default the sweep's); a trace is read from its k-th window. `stream`: the
+        arrivals of every episode instead, each with its prompt (`bench qos-replay`),
+        all but the last routed."""
         on = on or self.hardware
         models = QUALITY_MODELS[self.quality]
         drawn = held_out_hardware(k) if on == "held-out" else 0
@@ -190,18 +244,22 @@ class Sweep:
             if on == "engines"
             else default_experts(n, seed=drawn, models=models, fleet=self.fleet)
         )
-        if self.time_scale != 1.0:
-            f = self.time_scale
-            experts = [replace(e, base=e.base * f, k1=e.k1 * f, k2=e.k2 * f) for e in experts]
         return EdgeEnv(
-            experts,
+            self.physics.experts(experts),
             self.tasks,
             rate=rate,
             latency_req=latency_ms / 1000,
-            episode_len=self.episode,
+            episode_len=self.episode if stream is None else len(stream) - 1,
             predictor=self.predictor,
-            arrivals=azure_arrivals(self.trace, rate, start=k * self.episode) if arrivals else None,
+            arrivals=(
+                stream
+                if stream is not None
+                else azure_arrivals(self.trace, rate, start=k * self.episode)
+                if arrivals
+                else None
+            ),
             scrape=None if self.scrape_ms is None else self.scrape_ms / 1000,
+            prefix_cache=self.physics.prefix_cache,
         )
 
 
@@ -217,7 +275,7 @@ def main(
     serving: Serving | None = None,
     hardware: Hardware = "seed-0",
     n_seeds: int | None = None,
-    time_scale: float = 1.0,
+    physics: Physics = Physics(),
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure on an environment seed is the mean of its
@@ -233,8 +291,8 @@ def main(
     the k-th held-out draw (`held-out`), or every point on the live run's engine
     profiles, N of them cycled (`engines`: one fleet no agent trained on, so that the
     intervals hold the workload's spread and not the draws'). `n_seeds`: environment seeds per point
-    (None: 10, or 1 for a quick run). `time_scale`: every expert's time constants
-    multiplied by it (1.02: engines 2% slower than profiled, as the live run's are)."""
+    (None: 10, or 1 for a quick run). `physics`: what the experts do beyond their
+    profiles (`Physics`: slower, a prefix cache)."""
     from workers.quality import default_data_dir
 
     serving = serving or {}
@@ -247,7 +305,7 @@ def main(
     predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     base, variant_flags = variant_named(
-        base, seed, hardware, None if n_seeds == usual else n_seeds, time_scale
+        base, seed, hardware, None if n_seeds == usual else n_seeds, physics
     )
     result_name, model_flags = agents_named(base, models, serving)
     models = models or trained_runs(quality)
@@ -285,7 +343,7 @@ def main(
         hardware=hardware,
         episode=episode,
         scrape_ms=scrape_ms,
-        time_scale=time_scale,
+        physics=physics,
     )
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
@@ -407,12 +465,7 @@ def main(
             else ""
         )
         + ")"
-        + (
-            ""
-            if time_scale == 1.0
-            else f", every expert's time constants (base, per prefill token, per context "
-            f"token) multiplied by {time_scale:g} (`--time-scale`)"
-        )
+        + (f", {physics.describe()}" if physics.describe() else "")
         + ". The trace "
         f"setting reads window k of `{trace_path.name}` (its instants rescaled to 5/s, its "
         "token counts) for environment seed k. `against_best`: whether the agent's 95% "

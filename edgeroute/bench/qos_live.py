@@ -22,7 +22,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from edgeroute.qos.config import (
     quality_suffix,
 )
 from edgeroute.results_io import recorded, write
-from edgeroute.sim.edge import QUALITY_MODELS, Quality, engine_fleet, load_tasks
+from edgeroute.sim.edge import QUALITY_MODELS, Quality, Task, engine_fleet, load_tasks
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
 from workers.profiles import EXPERTS
@@ -340,6 +340,17 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
     return summary
 
 
+def live_stream(
+    pool: Sequence[Task], seed: int, requests: int, rate: float
+) -> tuple[list[Task], list[float]]:
+    """One seed's requests: prompts drawn from `pool` with replacement, and the gaps
+    before each (Poisson at `rate` per emulated second). `bench qos-replay` rebuilds a
+    live run's streams with it."""
+    rng = random.Random(seed)
+    tasks = [rng.choice(pool) for _ in range(requests)]
+    return tasks, [rng.expovariate(rate) for _ in range(requests)]
+
+
 def main(
     quick: bool,
     seed: int,
@@ -378,9 +389,8 @@ def main(
     pool = load_tasks(data_dir, split="eval", quality=quality)
     rows: list[dict[str, Any]] = []
     for k, one_seed in enumerate(seeds):
-        rng = random.Random(one_seed)
-        prompts = [rng.choice(pool).prompt for _ in range(requests)]
-        gaps = [rng.expovariate(rate) for _ in range(requests)]
+        tasks, gaps = live_stream(pool, one_seed, requests, rate)
+        prompts = [t.prompt for t in tasks]
         specs: dict[str, dict[str, Any]] = {
             "RR": {"policy": "round_robin"},
             "least_load": {"policy": "least_load"},
@@ -422,6 +432,7 @@ def main(
             + (" --quick" if quick else f" --seeds {n_seeds}")
             + quality_flag(quality)
             + flags,
+            "quality": quality,
             "seeds": seeds,
             "requests_per_seed": requests,
             "rate": rate,

@@ -16,6 +16,7 @@ expects to cross L.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import math
 import random
@@ -30,7 +31,9 @@ import numpy as np
 from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from edgeroute.sim.workload import TraceRequest
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
+from policies.text import block_hashes
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
+from workers.prefix_cache import PrefixCache, skipped
 from workers.profiles import EXPERTS, PROFILES
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
@@ -70,6 +73,7 @@ class EdgeExpert:
     memory_tokens: int  # C_n, in tokens of KV cache
     running_cap: int = 5
     waiting_cap: int = 5
+    block_size: int = 16  # tokens per KV block, as its prefix cache keys prompts
 
 
 # Hardware is split like the prompts: agents train on experts drawn from these seeds,
@@ -217,6 +221,7 @@ def engine_experts(models: tuple[str, ...] = MODELS, n: int = len(EXPERTS)) -> l
                 memory_tokens=p.kv_blocks * p.block_size,
                 running_cap=p.max_batch,
                 waiting_cap=ENGINE_WAITING_CAP,
+                block_size=p.block_size,
             )
         )
     return experts
@@ -372,11 +377,13 @@ Predictor = NoisyOracle | ServedPredictor
 @dataclass(frozen=True)
 class Arrival:
     """A request's arrival instant; from a trace, also its own prompt and output sizes,
-    which then replace the prompt's (its text, scores and predictions stay)."""
+    which then replace the prompt's (its text, scores and predictions stay); from a
+    replayed stream (`bench qos-replay`), the prompt itself, else one is drawn."""
 
     t: float
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    task: Task | None = None
 
 
 def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[Arrival]:
@@ -434,12 +441,29 @@ class Scraped:
     generated_total: int = 0
 
 
+@functools.lru_cache(maxsize=4096)
+def prompt_blocks(prompt: str, block_size: int) -> tuple[int, ...]:
+    """A prompt's block hashes, as the emulated worker keys its prefix cache by them
+    (the text of the user's message, `policies.text.block_hashes`)."""
+    return block_hashes(prompt, block_size)
+
+
+def _prefix_cache(spec: EdgeExpert) -> PrefixCache:
+    """An expert's prefix cache: as many blocks as its KV memory holds, as the
+    worker's engine keeps."""
+    return PrefixCache(spec.memory_tokens // spec.block_size, spec.block_size)
+
+
 @dataclass(eq=False)
 class ExpertState:
     spec: EdgeExpert
     running: list[Req] = field(default_factory=list)
     waiting: deque[Req] = field(default_factory=deque)
     fresh: list[Req] = field(default_factory=list)  # admitted, prefill in this iteration
+    prefill: int = 0  # the fresh requests' prefill tokens, their cached blocks skipped
+    cache: PrefixCache | None = None  # its prefix cache, if the world has them
+    prompt_total: int = 0  # prompt tokens admitted, ...
+    skipped_total: int = 0  # ... and of those, skipped by the prefix cache
     clock: float = 0.0  # when the current iteration ends
     token_latency: float = 0.0  # of finished requests, as the gateway measures it
     generated_total: int = 0  # the engine's generation-token counter
@@ -554,13 +578,19 @@ class EdgeEnv:
         episode_len: int = 256,
         reward: RewardKind = "qos",
         predictor: Predictor | None = None,
-        arrivals: Iterator[Arrival] | None = None,
+        arrivals: Iterator[Arrival] | Sequence[Arrival] | None = None,
         impact: Impact = "reached",
         scrape: float | None = None,
+        prefix_cache: bool = False,
     ) -> None:
         """`scrape`: the router sees the experts as the gateway does, scraping the
         engines' metrics every `scrape` seconds (see `cluster_view`); None: their exact
-        state at every decision."""
+        state at every decision. `arrivals`: an iterator (a trace) goes on from episode
+        to episode; a sequence (a replayed stream) starts again at every reset; None:
+        Poisson arrivals at `rate`. `prefix_cache`: each expert keeps the emulated
+        engine's prefix cache (`workers.prefix_cache`), so a prompt it has seen skips
+        the prefill of its cached blocks; the impact's futures (`timeline`) charge
+        every prompt in full all the same."""
         if scrape is not None and not scrape > 0:
             raise ValueError(f"scrape must be > 0 s, not {scrape}")
         self.specs = experts
@@ -574,6 +604,7 @@ class EdgeEnv:
         self.impact = impact
         self.predictor = predictor or NoisyOracle()
         self._arrivals_override = arrivals
+        self.prefix_cache = prefix_cache
         self.reset(seed)
 
     @property
@@ -593,14 +624,22 @@ class EdgeEnv:
         self.rate = rate or self.rate
         self.L = latency_req or self.L
         self.rng = random.Random(self.seed if seed is None else seed)
-        self.experts = [ExpertState(s) for s in self.specs]
+        self.experts = [
+            ExpertState(s, cache=_prefix_cache(s) if self.prefix_cache else None)
+            for s in self.specs
+        ]
         self.last_request: Req | None = None  # what the last `step` routed, and ...
         self.last_penalty = 0.0  # ... the impact penalty it incurred
         # impact "hindsight": each routed request's expert, its place in the requests
         # that expert was given, and the expert as it found it
         self.found: dict[Req, tuple[int, int, Queued]] = {}
         self.given: list[list[Req]] = [[] for _ in self.specs]
-        self.arrivals = self._arrivals_override or poisson_arrivals(self.rate, self.rng)
+        given = self._arrivals_override
+        self.arrivals = (
+            iter(given)
+            if isinstance(given, Sequence)
+            else given or poisson_arrivals(self.rate, self.rng)
+        )
         self.now = 0.0
         self._next_scrape = 0.0
         self.decisions = 0
@@ -620,7 +659,7 @@ class EdgeEnv:
                 f"{self.episode_len} (each decision waits for the arrival after it)"
             ) from None
         self._advance(arrival.t)
-        task = self.rng.choice(self.tasks)
+        task = arrival.task or self.rng.choice(self.tasks)
         if arrival.prompt_tokens is not None and arrival.output_tokens is not None:
             # The trace's sizes, capped as the prompts are (every expert can hold it).
             out = min(MAX_TOKENS, max(1, arrival.output_tokens))
@@ -682,17 +721,25 @@ class EdgeEnv:
             e.used_tokens + sum(r.tokens for r in e.fresh),
             e.waiting[0].tokens,
         ):
-            e.fresh.append(e.waiting.popleft())
+            r = e.waiting.popleft()
+            e.fresh.append(r)
+            e.prefill += r.prompt_tokens
+            e.prompt_total += r.prompt_tokens
+            if e.cache is not None:
+                blocks = prompt_blocks(r.task.prompt, e.spec.block_size)
+                cached = skipped(e.cache.hit(blocks), r.prompt_tokens)
+                e.prefill -= cached
+                e.skipped_total += cached
+                e.cache.remember(blocks)
         if not e.running and not e.fresh:
             return
-        prefill = sum(r.prompt_tokens for r in e.fresh)
         decode = sum(r.tokens for r in e.running)
-        e.clock = iteration_end(e.spec, start, prefill, decode)
+        e.clock = iteration_end(e.spec, start, e.prefill, decode)
 
     def _finish_iteration(self, e: ExpertState) -> None:
         end = e.clock
         e.running.extend(e.fresh)
-        e.fresh = []
+        e.fresh, e.prefill = [], 0
         e.generated_total += len(e.running)
         still = []
         for r in e.running:

@@ -319,6 +319,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
         (["qos", "--live", "--memory-tokens", "40000"], "--memory-tokens is for simulated runs"),
         (["qos", "--live", "--trace", "azure.csv"], "--trace is for simulated runs"),
         (["qos", "--live", "--time-scale", "1.02"], "--time-scale is for simulated runs"),
+        (["qos", "--live", "--prefix-cache"], "--prefix-cache is for simulated runs"),
         (["qos", "--live", "--held-out-hardware"], "--held-out-hardware is for simulated runs"),
         (["qos", "--live", "--engine-hardware"], "--engine-hardware is for simulated runs"),
         (

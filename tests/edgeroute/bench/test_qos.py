@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from edgeroute.bench.qos import (
+    Physics,
     Sweep,
     agents_named,
     main,
@@ -19,6 +20,7 @@ from edgeroute.bench.qos import (
     serving_from,
     variant_named,
 )
+from edgeroute.sim.edge import EdgeEnv
 from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data, write_trace
 
@@ -65,10 +67,20 @@ def test_other_hardware_draws_and_seeds_write_results_of_their_own() -> None:
         "qos_held-out-hw_seeds-30",
         " --held-out-hardware --seeds 30",
     )
-    assert variant_named("qos", 1, "engines", 60, 1.02) == (
+    assert variant_named("qos", 1, "engines", 60, Physics(1.02)) == (
         "qos_engine-hw_time-x1.02_seeds-60",
         " --engine-hardware --time-scale 1.02 --seeds 60",
     )
+    assert variant_named("qos", 1001, "engines", 60, Physics(1.02, prefix_cache=True)) == (
+        "qos_engine-hw_time-x1.02_prefix-cache_seed-1001_seeds-60",
+        " --engine-hardware --time-scale 1.02 --prefix-cache --seed 1001 --seeds 60",
+    )
+    assert variant_named("qos", physics=Physics(prefix_cache=True)) == (
+        "qos_prefix-cache",
+        " --prefix-cache",
+    )
+    with pytest.raises(ValueError, match="time scale must be > 0"):
+        Physics(0.0)
 
 
 @needs_data("the RouterDC data")
@@ -285,7 +297,7 @@ def test_a_time_scale_lengthens_every_experts_time_constants_wherever_they_are()
     from policies import PipelineSpec, build_pipeline
 
     sweep = _routerdc_sweep()
-    slow = replace(sweep, time_scale=1.02)
+    slow = replace(sweep, physics=Physics(1.02))
     for on in ("seed-0", "held-out", "engines"):
         before, after = sweep.env(3, on=on).specs, slow.env(3, on=on).specs
         assert after == [
@@ -477,3 +489,36 @@ def test_an_episode_pauses_the_collector_and_collects_its_cycles_after() -> None
     with pytest.raises(RuntimeError), collector_paused():
         raise RuntimeError("the episode failed")
     assert gc.isenabled()
+
+
+@needs_data("the RouterDC data")
+def test_with_the_prefix_cache_a_concentrating_policy_skips_prefill_and_answers_sooner() -> None:
+    """`--prefix-cache`: the experts keep the worker's prefix cache. The evaluation
+    prompts come back within an episode, so a policy that sends them to few experts
+    (BR: the best predicted) finds more of them cached than one that spreads them
+    (RR), and answers sooner than in the cacheless world; without the option nothing
+    is skipped."""
+    from dataclasses import replace
+
+    from edgeroute.qos.config import best_predicted
+    from edgeroute.qos.evaluate import BASELINES, evaluate, served
+    from policies import PipelineSpec, build_pipeline
+
+    sweep = _routerdc_sweep(hardware="engines")
+    cached = replace(sweep, physics=Physics(prefix_cache=True))
+    br = served(build_pipeline(PipelineSpec(**best_predicted("routerdc"))))
+
+    def skipped_share(env: EdgeEnv) -> float:
+        return sum(e.skipped_total for e in env.experts) / sum(e.prompt_total for e in env.experts)
+
+    shares, took = {}, {}
+    for name, policy in (("RR", BASELINES["RR"]), ("BR", br)):
+        plain, env = sweep.env(0), cached.env(0)
+        took[name] = (
+            evaluate(plain, policy, [101]).latency_ms,
+            evaluate(env, policy, [101]).latency_ms,
+        )
+        assert skipped_share(plain) == 0
+        shares[name] = skipped_share(env)
+    assert 0 < shares["RR"] < shares["BR"]
+    assert took["BR"][1] < took["BR"][0]

@@ -1,0 +1,194 @@
+"""A live QoS run's own request streams, replayed in the simulator: `edgeroute bench
+qos-replay LIVE.json`.
+
+`bench qos --live` and the simulated sweeps draw their request streams from different
+seeds, so live and simulated figures could be compared only by their means. This
+rebuilds every seed of a live results file (`qos_live.live_stream`: the same prompts in
+the same order at the same instants) and runs it in the simulator on the live run's
+engines (`engine_experts`, N and batch cap as the run had them), with the same policies
+(RR, least-load, BR, and each agent's training run k on seed k, as live). It reports
+live minus simulated QoS, paired by seed: where the simulator and the engines the
+gateway serves disagree, and for which policies. `Physics` sets the simulated world
+(slower engines, a prefix cache): a calibration's test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shlex
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from edgeroute.bench.qos import Physics, Sweep
+from edgeroute.bench.qos_live import live_stream
+from edgeroute.bench.stats import paired, shown
+from edgeroute.qos.config import Serving, best_predicted, quality_dir
+from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
+from edgeroute.results_io import write
+from edgeroute.sim.edge import Arrival, Quality, ServedPredictor, Task, load_tasks
+from policies import PipelineSpec, build_pipeline
+from policies.predictor import load_predictor
+from policies.qos_drl import load
+
+COLUMNS = [
+    "policy",
+    "live_qos_ci",
+    "sim_qos_ci",
+    "live_minus_sim",
+    "correlation",
+    "prefill_skipped",
+]
+
+
+def recorded_quality(config: dict[str, Any]) -> Quality:
+    """The live run's quality world: recorded in its config since 2026-11-30, and for
+    earlier files read from its command (`--quality routerdc`, else the default)."""
+    if "quality" in config:
+        quality: Quality = config["quality"]
+        return quality
+    return "routerdc" if "--quality routerdc" in config["command"] else "routerbench"
+
+
+def recorded_serving(command: str) -> Serving:
+    """The agents' serving parameters (`--no-shed NAME`, `--sample NAME`) in a live
+    run's command."""
+    words = shlex.split(command)
+    serving: Serving = {}
+    for flag, param, value in (("--no-shed", "shed", False), ("--sample", "sample", True)):
+        for i, word in enumerate(words[:-1]):
+            if word == flag:
+                serving.setdefault(words[i + 1], {})[param] = value
+    return serving
+
+
+def replayed(tasks: Sequence[Task], gaps: Sequence[float]) -> list[Arrival]:
+    """A stream (tasks, gaps) as the simulator's arrivals: each request at its instant
+    with its own prompt, and the last once more, never routed, for the last decision
+    to wait for (`Sweep.env`'s `stream`)."""
+    times = itertools.accumulate(gaps)
+    arrivals = [Arrival(t, task=task) for t, task in zip(times, tasks, strict=True)]
+    return [*arrivals, arrivals[-1]]
+
+
+class Replay:
+    """A live run's world in the simulator: its prompts, predictor, engines and scrape,
+    under `physics`."""
+
+    def __init__(self, config: dict[str, Any], physics: Physics) -> None:
+        from workers.quality import default_data_dir
+
+        if config.get("max_batch") is not None:
+            raise ValueError(
+                f"its engines ran at most {config['max_batch']} requests at once; "
+                "replaying a capped batch is not supported"
+            )
+        self.config = config
+        self.quality = recorded_quality(config)
+        self.pool = load_tasks(default_data_dir(), split="eval", quality=self.quality)
+        self.sweep = Sweep(
+            tasks=self.pool,
+            predictor=ServedPredictor(load_predictor(quality_dir(self.quality))),
+            trace=(),
+            quality=self.quality,
+            hardware="engines",
+            scrape_ms=config["scrape_ms"],
+            physics=physics,
+        )
+
+    def policies(self) -> dict[str, list[Policy]]:
+        """The live run's policies by name: its heuristics, and each agent's training
+        runs served as they were."""
+        quality, latency_ms = self.quality, self.config["latency_ms"]
+        serving = recorded_serving(self.config["command"])
+        policies: dict[str, list[Policy]] = {
+            "RR": [BASELINES["RR"]],
+            "least_load": [served(build_pipeline(PipelineSpec(policy="least_load")))],
+            "BR": [served(build_pipeline(PipelineSpec(**best_predicted(quality))))],
+        }
+        for name, runs in self.config["models"].items():
+            params = serving.get(name, {})
+            policies[name] = [served(load(Path(d), latency_ms, **params)) for d in runs]
+        return policies
+
+    def run(self, runs: Sequence[Policy]) -> tuple[list[float], float]:
+        """One policy's simulated QoS on every seed of the live run (training run k on
+        seed k), and the share of prompt tokens its experts' prefix caches skipped."""
+        c = self.config
+        sim, prompt, cached = [], 0, 0
+        for k, seed in enumerate(c["seeds"]):
+            stream = replayed(*live_stream(self.pool, seed, c["requests_per_seed"], c["rate"]))
+            env = self.sweep.env(0, c["engines"], c["rate"], c["latency_ms"], stream=stream)
+            sim.append(evaluate(env, runs[k % len(runs)], [seed]).qos)
+            prompt += sum(e.prompt_total for e in env.experts)
+            cached += sum(e.skipped_total for e in env.experts)
+        return sim, cached / prompt if prompt else 0.0
+
+
+def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
+    live = json.loads(live_path.read_text())
+    config = live["config"]
+    try:
+        replay = Replay(config, physics)
+    except ValueError as exc:
+        raise SystemExit(f"{live_path}: {exc}") from None
+    latency_ms, requests, rate = config["latency_ms"], config["requests_per_seed"], config["rate"]
+    live_qos = {r["policy"]: r["per_seed_qos"] for r in live["results"]}
+    rows = []
+    for name, runs in replay.policies().items():
+        sim, skipped = replay.run(runs)
+        there = live_qos[name]
+        rows.append(
+            {
+                "policy": name,
+                "live_qos_ci": shown(there),
+                "sim_qos_ci": shown(sim),
+                "live_minus_sim": paired(there, sim),
+                "correlation": _correlation(there, sim),
+                "prefill_skipped": f"{skipped:.0%}" if physics.prefix_cache else "",
+                "per_seed_live_qos": there,
+                "per_seed_sim_qos": sim,
+            }
+        )
+        print(
+            f"  {name:<16} live {rows[-1]['live_qos_ci']}  sim {rows[-1]['sim_qos_ci']}  "
+            f"live - sim {rows[-1]['live_minus_sim']}",
+            flush=True,
+        )
+    base, flags = physics.named(f"qos_replay_{live['benchmark'].removeprefix('qos_live_')}")
+    world = physics.describe()
+    write(
+        base,
+        {
+            "command": f"edgeroute bench qos-replay {live_path}{flags}",
+            "live": str(live_path),
+            "live_command": config["command"],
+            "time_scale": physics.time_scale,
+            "prefix_cache": physics.prefix_cache,
+        },
+        rows,
+        COLUMNS,
+        json_path,
+        notes=(
+            f"Each of the live run's {len(config['seeds'])} seeds ({config['seeds'][0]}-"
+            f"{config['seeds'][-1]}) replayed in the simulator: its {requests} prompts in "
+            f"order at their instants ({rate:g}/s), L = {latency_ms:g} ms, the live run's "
+            f"{config['engines']} engine profiles as experts"
+            + (f" ({world})" if world else " (their profiles as they are, no prefix cache)")
+            + f", the engines' metrics scraped every {config['scrape_ms']:g} ms, each agent's "
+            "training run k on seed k as live. `live_minus_sim`: paired by seed, 95% "
+            "interval; `correlation`: of the per-seed QoS, live against simulated; "
+            "`prefill_skipped`: the share of prompt tokens the simulated prefix caches "
+            "skipped (empty without them)."
+        ),
+    )
+
+
+def _correlation(a: list[float], b: list[float]) -> str:
+    if len(a) < 3 or statistics.pstdev(a) == 0 or statistics.pstdev(b) == 0:
+        return ""
+    r = statistics.correlation(a, b)
+    return "" if math.isnan(r) else f"{r:+.2f}"

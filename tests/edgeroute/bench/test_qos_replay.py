@@ -1,0 +1,83 @@
+"""`bench qos-replay`: a live run's own streams in the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from edgeroute.bench.qos import Physics
+from edgeroute.bench.qos_live import live_stream
+from edgeroute.bench.qos_replay import Replay, recorded_quality, recorded_serving, replayed
+from edgeroute.qos.evaluate import BASELINES, evaluate
+from edgeroute.results_io import output_dir
+from tests.support import needs_data
+
+LIVE = "qos_live_routerdc_rate-8_seed-3301_last5-full_last5-dsa_last5-baseline"
+
+
+def _committed(name: str) -> dict[str, Any]:
+    payload: dict[str, Any] = json.loads((output_dir(False) / f"{name}.json").read_text())
+    return payload
+
+
+def test_the_live_runs_world_and_serving_are_read_from_its_record() -> None:
+    assert recorded_quality({"quality": "routerdc", "command": ""}) == "routerdc"
+    # files from before the config recorded it: the command says it, or the default
+    assert recorded_quality({"command": "edgeroute bench qos --live --quality routerdc"}) == (
+        "routerdc"
+    )
+    assert recorded_quality({"command": "edgeroute bench qos --live"}) == "routerbench"
+    command = "edgeroute bench qos --live --model a=x --model b=y --no-shed b --sample a --sample b"
+    assert recorded_serving(command) == {
+        "b": {"shed": False, "sample": True},
+        "a": {"sample": True},
+    }
+    assert recorded_serving("edgeroute bench qos --live --model a=x") == {}
+
+
+@needs_data("the RouterDC data")
+def test_a_replayed_stream_routes_every_live_request_at_its_instant() -> None:
+    """Every request of the seed's stream is routed once, in order, at its instant and
+    with its own prompt, and every one finishes; the sentinel after the last is not
+    routed. Replaying again gives the same episode."""
+    config = {**_committed(LIVE)["config"], "seeds": [7], "requests_per_seed": 60}
+    replay = Replay(config, Physics())
+    tasks, gaps = live_stream(replay.pool, 7, 60, config["rate"])
+    stream = replayed(tasks, gaps)
+    assert len(stream) == 61 and stream[-1] == stream[-2]
+    env = replay.sweep.env(0, config["engines"], config["rate"], 30.0, stream=stream)
+    routed: list[tuple[float, str]] = []
+
+    def recording(env: Any, i: int) -> int:
+        routed.append((env.now, env.task.prompt))
+        action: int = BASELINES["RR"](env, i)
+        return action
+
+    first = evaluate(env, recording, [7])
+    assert routed == [
+        (t, task.prompt) for t, task in zip(itertools.accumulate(gaps), tasks, strict=True)
+    ]
+    assert len(env.finished) == 60 and first.drop_rate == 0
+    assert evaluate(env, BASELINES["RR"], [7]) == first
+
+
+@needs_data("the RouterDC data")
+def test_the_committed_replay_is_what_this_code_gives() -> None:
+    """(74)'s replay of the lambda = 8 live run, with the engines 2% slower and their
+    prefix caches, gives the committed per-seed QoS for RR and least-load exactly."""
+    committed = _committed(LIVE.replace("qos_live_", "qos_replay_") + "_time-x1.02_prefix-cache")
+    replay = Replay(_committed(LIVE)["config"], Physics(1.02, prefix_cache=True))
+    policies = replay.policies()
+    rows = {r["policy"]: r for r in committed["results"]}
+    for name in ("RR", "least_load"):
+        sim, skipped = replay.run(policies[name])
+        assert sim == rows[name]["per_seed_sim_qos"]
+        assert f"{skipped:.0%}" == rows[name]["prefill_skipped"]
+
+
+def test_a_live_run_with_capped_batches_is_refused() -> None:
+    with pytest.raises(ValueError, match="capped batch is not supported"):
+        Replay({"max_batch": 5, "command": ""}, Physics())
