@@ -2,10 +2,13 @@
 
 Each expert runs iteration-level scheduling with a running and a waiting queue (5 + 5
 by default), GPU memory that grows with every request's tokens, and iteration time
-`base + k1 * prefill tokens + k2 * decode-batch context` (eq. 13-14). A request is a
-real prompt from `router_quality/`: each expert answers it with its model's real
-length and score. Requests arrive by a Poisson process or at the instants of a trace
-(Azure LLM format). The router sees each arrival and chooses {drop, expert 1..N}.
+`base + k1 * prefill tokens + k2 * decode-batch context` (eq. 13-14); optionally
+(`prefix_cache`) each keeps the emulated worker's prefix cache, so that a prompt it has
+seen skips the prefill of its cached blocks, as the live run's engines do. A request is
+a real prompt from `router_quality/`: each expert answers it with its model's real
+length and score. Requests arrive by a Poisson process, at the instants of a trace
+(Azure LLM format) or as a live run's stream replayed. The router sees each arrival and
+chooses {drop, expert 1..N}.
 
 QoS (eq. 1): phi = score * [latency per token <= L]. The reward (eq. 16) adds the QoS of
 every request completed since the last decision and subtracts, for the chosen expert,
