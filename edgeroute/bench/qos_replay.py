@@ -128,17 +128,54 @@ class Replay:
         return sim, cached / prompt if prompt else 0.0
 
 
-def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
-    live = json.loads(live_path.read_text())
-    config = live["config"]
+# What a `bench qos --live` results file holds that a replay reads.
+LIVE_CONFIG = (
+    "command",
+    "seeds",
+    "requests_per_seed",
+    "rate",
+    "latency_ms",
+    "scrape_ms",
+    "engines",
+    "models",
+)
+
+
+def read_live(path: Path) -> dict[str, Any]:
+    """A live run's results, or ValueError saying why the file is not one: every
+    setting the replay needs, and each policy's QoS on every seed."""
     try:
-        replay = Replay(config, physics)
+        live: dict[str, Any] = json.loads(path.read_text())
+        config, results = live["config"], live["results"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a results file ({exc})") from None
+    missing = [k for k in LIVE_CONFIG if k not in config]
+    if missing or not str(config["command"]).startswith("edgeroute bench qos --live"):
+        raise ValueError(
+            "not the results of `edgeroute bench qos --live`"
+            + (f" (no {', '.join(missing)})" if missing else "")
+        )
+    seeds = len(config["seeds"])
+    for r in results:
+        if len(r.get("per_seed_qos") or ()) != seeds:
+            raise ValueError(f"{r.get('policy')}: its QoS is not given for each of {seeds} seeds")
+    return live
+
+
+def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
+    try:
+        live = read_live(live_path)
+        replay = Replay(live["config"], physics)
     except ValueError as exc:
-        raise SystemExit(f"{live_path}: {exc}") from None
+        raise SystemExit(f"edgeroute bench qos-replay: {live_path}: {exc}") from None
+    config = live["config"]
     latency_ms, requests, rate = config["latency_ms"], config["requests_per_seed"], config["rate"]
     live_qos = {r["policy"]: r["per_seed_qos"] for r in live["results"]}
+    policies = replay.policies()
+    if missing := [name for name in policies if name not in live_qos]:
+        raise SystemExit(f"edgeroute bench qos-replay: {live_path}: no live QoS of {missing}")
     rows = []
-    for name, runs in replay.policies().items():
+    for name, runs in policies.items():
         sim, skipped = replay.run(runs)
         there = live_qos[name]
         rows.append(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +84,36 @@ def test_the_committed_replay_is_what_this_code_gives() -> None:
 def test_a_live_run_with_capped_batches_is_refused() -> None:
     with pytest.raises(ValueError, match="capped batch is not supported"):
         Replay({"max_batch": 5, "command": ""}, Physics())
+
+
+@needs_data("the RouterDC data")
+@pytest.mark.parametrize(
+    ("edit", "refused"),
+    [
+        (
+            lambda d: d.update(config={**d["config"], "command": "edgeroute bench qos"}),
+            "qos --live",
+        ),
+        (lambda d: d["config"].pop("requests_per_seed"), "no requests_per_seed"),
+        (lambda d: d["results"][0].update(per_seed_qos=[0.1]), "not given for each of 10 seeds"),
+        (lambda d: d.update(results=d["results"][1:]), "no live QoS of ['RR']"),
+        (lambda d: d.pop("results"), "not a results file"),
+    ],
+)
+def test_a_file_that_is_not_a_live_runs_results_is_refused_by_name(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], object], refused: str
+) -> None:
+    """A simulated sweep's results, a truncated file, or one that lacks a policy's
+    per-seed QoS: a clear refusal naming the file, not a traceback."""
+    from edgeroute.bench.qos_replay import main
+
+    data = _committed(LIVE)
+    edit(data)
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match=re.escape(refused)) as caught:
+        main(path, Physics(), None)
+    assert str(path) in str(caught.value)
+    path.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a results file"):
+        main(path, Physics(), None)
