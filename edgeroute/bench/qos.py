@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -244,6 +244,9 @@ class Sweep:
             if on == "engines"
             else default_experts(n, seed=drawn, models=models, fleet=self.fleet)
         )
+        given: Iterator[Arrival] | Sequence[Arrival] | None = stream
+        if stream is None and arrivals:
+            given = azure_arrivals(self.trace, rate, start=k * self.episode)
         return EdgeEnv(
             self.physics.experts(experts),
             self.tasks,
@@ -251,13 +254,7 @@ class Sweep:
             latency_req=latency_ms / 1000,
             episode_len=self.episode if stream is None else len(stream) - 1,
             predictor=self.predictor,
-            arrivals=(
-                stream
-                if stream is not None
-                else azure_arrivals(self.trace, rate, start=k * self.episode)
-                if arrivals
-                else None
-            ),
+            arrivals=given,
             scrape=None if self.scrape_ms is None else self.scrape_ms / 1000,
             prefix_cache=self.physics.prefix_cache,
         )
