@@ -8,7 +8,6 @@ next request sees its own replica's in-flight counts at once.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -18,6 +17,7 @@ from gateway.circuit import Circuit, State
 from gateway.settings import BackendConfig, CircuitConfig
 from gateway.upstream import Attempt
 from oracle.topology import Topology
+from policies.prefix_cache import PrefixCache
 from policies.qos_state import progress_share, token_latency_mix
 from policies.text import stable_hash
 from policies.types import BackendView, ClusterView, InflightRequest
@@ -63,12 +63,12 @@ class InflightEntry:
 class Backend:
     config: BackendConfig
     circuit: Circuit
+    prefix: PrefixCache  # the prompt blocks this replica sent there: its guess at the engine's
     models: frozenset[str] = frozenset()
     stats: EngineStats = field(default_factory=EngineStats)
     inflight: int = 0  # this replica's requests on it
     token_latency: float = 0.0  # see `finished_tokens`
     remote_inflight: int = 0  # other replicas' requests, from the shared store
-    prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
     requests: dict[int, InflightEntry] = field(default_factory=dict)
     index: int = -1  # position in the current view
     # Requests sent there that have had no byte back yet, and when a byte last came.
@@ -136,7 +136,9 @@ class BackendPool:
             current = self._backends.get(bid)
             if current is None:
                 self._backends[bid] = Backend(
-                    cfg, Circuit(self._circuit.failures, self._circuit.open_seconds)
+                    cfg,
+                    Circuit(self._circuit.failures, self._circuit.open_seconds),
+                    PrefixCache(self._prefix_entries),
                 )
             else:
                 current.config = cfg
@@ -186,7 +188,7 @@ class BackendPool:
             kv_usage=b.stats.kv_usage,
             stats_age=now - b.stats.scraped_at,
             inflight=b.inflight + b.remote_inflight,
-            cached_blocks=b.prefix.keys(),  # a live view: policies decide synchronously
+            cached_blocks=b.prefix.blocks(),  # a live view: policies decide synchronously
             id_hash=stable_hash(b.id),
             kv_capacity_tokens=b.stats.kv_capacity_tokens,
             max_batch=b.config.profile.max_batch,
@@ -263,12 +265,7 @@ class BackendPool:
         if entry is not None and self.track_requests:
             b.requests[id(entry)] = entry
         if blocks:
-            prefix = b.prefix
-            for h in blocks:
-                prefix[h] = None
-                prefix.move_to_end(h)
-            while len(prefix) > self._prefix_entries:
-                prefix.popitem(last=False)
+            b.prefix.remember(blocks)
         self._dirty.add(b)
 
     def finished_tokens(self, b: Backend, seconds: float, tokens: int) -> None:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from workers.prefix_cache import PrefixCache, skipped
+from policies.prefix_cache import PrefixCache, skipped
 from workers.profiles import EngineProfile
 
 log = logging.getLogger("edgeroute.worker")
@@ -117,7 +117,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_blocks = profile.kv_blocks
-        self.prefix_cache = PrefixCache(profile.kv_blocks, profile.block_size)
+        self.prefix_cache = PrefixCache(profile.kv_blocks)
         self.stats = EngineStats()
         # Called with ("first_token" | "token" | "finished", seq, the engine's clock).
         self.observers: list[Observer] = [observer] if observer is not None else []
@@ -273,7 +273,7 @@ class Engine:
 
     def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
         """(tokens hit in the local prefix cache, tokens whose prefill is skipped)."""
-        local = self.prefix_cache.hit(seq.prefix_hashes)
+        local = self.prefix_cache.hit(seq.prefix_hashes) * self.profile.block_size
         return local, skipped(max(local, seq.remote_cached_tokens), seq.context)
 
     def _release(self, seq: Sequence) -> None:

@@ -33,10 +33,10 @@ import numpy as np
 
 from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from edgeroute.sim.workload import TraceRequest
+from policies.prefix_cache import PrefixCache, skipped
 from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
 from policies.text import block_hashes
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
-from workers.prefix_cache import PrefixCache, skipped
 from workers.profiles import EXPERTS, PROFILES
 from workers.quality import ROUTERDC_MODELS, Sample, iter_routerdc_samples, iter_samples
 
@@ -454,7 +454,7 @@ def prompt_blocks(prompt: str, block_size: int) -> tuple[int, ...]:
 def _prefix_cache(spec: EdgeExpert) -> PrefixCache:
     """An expert's prefix cache: as many blocks as its KV memory holds, as the
     worker's engine keeps."""
-    return PrefixCache(spec.memory_tokens // spec.block_size, spec.block_size)
+    return PrefixCache(spec.memory_tokens // spec.block_size)
 
 
 @dataclass(eq=False)
@@ -591,7 +591,7 @@ class EdgeEnv:
         state at every decision. `arrivals`: an iterator (a trace) goes on from episode
         to episode; a sequence (a replayed stream) starts again at every reset; None:
         Poisson arrivals at `rate`. `prefix_cache`: each expert keeps the emulated
-        engine's prefix cache (`workers.prefix_cache`), so a prompt it has seen skips
+        engine's prefix cache (`policies.prefix_cache`), so a prompt it has seen skips
         the prefill of its cached blocks; the impact's futures (`timeline`) charge
         every prompt in full all the same."""
         if scrape is not None and not scrape > 0:
@@ -730,7 +730,7 @@ class EdgeEnv:
             e.prompt_total += r.prompt_tokens
             if e.cache is not None:
                 blocks = prompt_blocks(r.task.prompt, e.spec.block_size)
-                cached = skipped(e.cache.hit(blocks), r.prompt_tokens)
+                cached = skipped(e.cache.hit(blocks) * e.spec.block_size, r.prompt_tokens)
                 e.prefill -= cached
                 e.skipped_total += cached
                 e.cache.remember(blocks)
