@@ -28,7 +28,7 @@ from edgeroute.bench.qos_live import live_stream
 from edgeroute.bench.stats import paired, shown
 from edgeroute.qos.config import Serving, best_predicted, quality_dir
 from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
-from edgeroute.results_io import write
+from edgeroute.results_io import Plot, write
 from edgeroute.sim.edge import Arrival, Quality, ServedPredictor, Task, load_tasks
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor
@@ -184,6 +184,7 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
                 "live_qos_ci": shown(there),
                 "sim_qos_ci": shown(sim),
                 "live_minus_sim": paired(there, sim),
+                "live_minus_sim_mean": statistics.fmean(there) - statistics.fmean(sim),
                 "correlation": _correlation(there, sim),
                 "prefill_skipped": f"{skipped:.0%}" if physics.prefix_cache else "",
                 "per_seed_live_qos": there,
@@ -209,6 +210,11 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
         rows,
         COLUMNS,
         json_path,
+        plot=Plot(
+            x="policy",
+            y=("live_minus_sim_mean",),
+            title=f"live minus simulated QoS ({flags.strip() or 'the profiles, no cache'})",
+        ),
         notes=(
             f"Each of the live run's {len(config['seeds'])} seeds ({config['seeds'][0]}-"
             f"{config['seeds'][-1]}) replayed in the simulator: its {requests} prompts in "
