@@ -5,7 +5,7 @@ qos-replay LIVE.json`.
 seeds, so live and simulated figures could be compared only by their means. This
 rebuilds every seed of a live results file (`qos_live.live_stream`: the same prompts in
 the same order at the same instants) and runs it in the simulator on the live run's
-engines (`engine_experts`, N and batch cap as the run had them), with the same policies
+engines (`engine_experts`, as many as the run had), with the same policies
 (RR, least-load, BR, and each agent's training run k on seed k, as live). It reports
 live minus simulated QoS, paired by seed: where the simulator and the engines the
 gateway serves disagree, and for which policies. `Physics` sets the simulated world
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import Physics, Sweep
+from edgeroute.bench.qos import SERVING_FLAGS, Physics, Sweep
 from edgeroute.bench.qos_live import live_stream
 from edgeroute.bench.stats import paired, shown
 from edgeroute.qos.config import Serving, best_predicted, quality_dir
@@ -58,7 +58,7 @@ def recorded_serving(command: str) -> Serving:
     run's command."""
     words = shlex.split(command)
     serving: Serving = {}
-    for flag, param, value in (("--no-shed", "shed", False), ("--sample", "sample", True)):
+    for param, (flag, value) in SERVING_FLAGS.items():
         for i, word in enumerate(words[:-1]):
             if word == flag:
                 serving.setdefault(words[i + 1], {})[param] = value
