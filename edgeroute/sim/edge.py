@@ -463,7 +463,6 @@ class ExpertState:
     running: list[Req] = field(default_factory=list)
     waiting: deque[Req] = field(default_factory=deque)
     fresh: list[Req] = field(default_factory=list)  # admitted, prefill in this iteration
-    prefill: int = 0  # the fresh requests' prefill tokens, their cached blocks skipped
     cache: PrefixCache | None = None  # its prefix cache, if the world has them
     prompt_total: int = 0  # prompt tokens admitted, ...
     skipped_total: int = 0  # ... and of those, skipped by the prefix cache
@@ -716,8 +715,10 @@ class EdgeEnv:
         self.now = t
 
     def _admit(self, e: ExpertState, start: float) -> None:
-        """At an iteration boundary: admit waiting requests whose KV fits, then start the
-        next iteration."""
+        """At an iteration boundary (nothing fresh yet): admit waiting requests whose KV
+        fits, then start the next iteration, charging their prefill less what their
+        expert's prefix cache holds of it."""
+        prefill = 0
         while e.waiting and fits(
             e.spec,
             len(e.running) + len(e.fresh),
@@ -726,23 +727,23 @@ class EdgeEnv:
         ):
             r = e.waiting.popleft()
             e.fresh.append(r)
-            e.prefill += r.prompt_tokens
+            prefill += r.prompt_tokens
             e.prompt_total += r.prompt_tokens
             if e.cache is not None:
                 blocks = prompt_blocks(r.task.prompt, e.spec.block_size)
                 cached = skipped(e.cache.hit(blocks) * e.spec.block_size, r.prompt_tokens)
-                e.prefill -= cached
+                prefill -= cached
                 e.skipped_total += cached
                 e.cache.remember(blocks)
         if not e.running and not e.fresh:
             return
         decode = sum(r.tokens for r in e.running)
-        e.clock = iteration_end(e.spec, start, e.prefill, decode)
+        e.clock = iteration_end(e.spec, start, prefill, decode)
 
     def _finish_iteration(self, e: ExpertState) -> None:
         end = e.clock
         e.running.extend(e.fresh)
-        e.fresh, e.prefill = [], 0
+        e.fresh = []
         e.generated_total += len(e.running)
         still = []
         for r in e.running:
