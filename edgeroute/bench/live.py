@@ -53,7 +53,7 @@ import httpx
 import yaml
 
 from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS, Pool
-from edgeroute.bench.loadgen import cpu_seconds
+from edgeroute.bench.loadgen import cpu_seconds, until
 from edgeroute.bench.operator import operate
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.bench.stats import interval
@@ -426,9 +426,7 @@ async def _replay(
         start = time.perf_counter()
 
         async def at(t: float, req: TraceRequest, index: int) -> Result:
-            delay = start + t / speedup - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await until(start + t / speedup)
             body = body_for(req, index, kind)
             servable = fits(req, kind.profiles)
             return await one(client, url, body, speedup, servable, headers_for(index, kind))

@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[object]]
 
 
 def post(path: str, body: bytes, host: str = "127.0.0.1") -> bytes:
@@ -96,6 +100,28 @@ async def closed_loop(
     for c in conns:
         c.close()
     return run
+
+
+async def until(
+    deadline: float, clock: Clock = time.perf_counter, sleep: Sleep = asyncio.sleep
+) -> float:
+    """Wait until `deadline` on `clock`; how late the wait ended (s, 0 if on time)."""
+    delay = deadline - clock()
+    if delay > 0:
+        await sleep(delay)
+    return max(0.0, clock() - deadline)
+
+
+async def paced(
+    instants: Sequence[float], clock: Clock = time.perf_counter, sleep: Sleep = asyncio.sleep
+) -> AsyncIterator[float]:
+    """Each of `instants` (s after the first call, on `clock`) as it comes, with how late
+    it came: an open loop. Each wait aims at its own instant, so a late wake-up delays
+    one send and not the ones after it; sleeping each gap in turn would add every
+    wake-up's overshoot to all later sends, a slower arrival rate than the one drawn."""
+    start = clock()
+    for t in instants:
+        yield await until(start + t, clock, sleep)
 
 
 def percentile(values: list[float], q: float) -> float:

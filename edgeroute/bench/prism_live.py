@@ -37,6 +37,7 @@ import httpx
 
 from edgeroute.bench.live import Router, one, running, workers
 from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS
+from edgeroute.bench.loadgen import until
 from edgeroute.bench.stats import interval, shown
 from edgeroute.results_io import Plot, draw, output_dir, table, write
 
@@ -99,9 +100,7 @@ async def send_all(
         start = time.perf_counter()
 
         async def at(t: float, task: str) -> Any:
-            delay = start + t / s.speedup - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await until(start + t / s.speedup)
             headers = {"x-edgeroute-task": task}
             return await one(client, url, body(task, s.tokens), s.speedup, True, headers)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import math
 import random
 import statistics
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 
 from edgeroute.bench.live import free_ports, gateway_clock
-from edgeroute.bench.loadgen import percentile
+from edgeroute.bench.loadgen import paced, percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
 from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import (
@@ -141,11 +142,12 @@ async def run_policy(
         max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
     )
     lags: list[float] = []
+    late: list[float] = []
     lag_task = asyncio.create_task(loop_lag(lags))
     try:
         await asyncio.sleep(0.3)  # a few scrapes of the engines' load
         with collector_paused():
-            results = await replay(port, prompts, gaps, speedup)
+            results = await replay(port, prompts, gaps, speedup, late)
     finally:
         lag_task.cancel()
         gateway.terminate()
@@ -166,10 +168,19 @@ async def run_policy(
         # harness (the engines' event loop falling behind, in emulated ms)
         "busiest_share": max(answered_by.values()) / len(served) if answered_by else None,
         "loop_lag_ms": percentile(lags, 99) * speedup * 1e3 if lags else None,
+        # how late the client sent: the arrival process the engines really saw
+        "send_late_ms": percentile(late, 99) * speedup * 1e3 if late else None,
     }
 
 
 ANSWERED, SHED, FAILED = 0, 1, 2
+
+# How the client keeps the instants, recorded with each run (`qos_pool` pools only
+# runs alike): "paced", each send aimed at its own instant. Runs recorded before
+# 2026-11-30 have none: they slept each gap in turn, and every wake-up's overshoot
+# (about 0.6 ms of wall time, 6 emulated ms) delayed all later sends, so their
+# engines saw 3-5% fewer arrivals per second than the rate they name.
+ARRIVALS = "paced"
 
 
 def engine_id(profile: str, i: int) -> str:
@@ -208,11 +219,11 @@ async def loop_lag(lags: list[float], period: float = 0.005) -> None:
 
 
 async def replay(
-    port: int, prompts: list[str], gaps: list[float], speedup: float
+    port: int, prompts: list[str], gaps: list[float], speedup: float, late: list[float]
 ) -> list[tuple[float, float, int, str]]:
-    """Each prompt at its instant; (score, latency per token, outcome, backend) per
-    request: a request the connection failed under scores 0 and is counted as an
-    error, not lost."""
+    """Each prompt at its instant (`loadgen.paced`), how late each was sent appended to
+    `late` (wall s); (score, latency per token, outcome, backend) per request: a
+    request the connection failed under scores 0 and is counted as an error, not lost."""
     results: list[tuple[float, float, int, str]] = []
 
     async def one(client: httpx.AsyncClient, prompt: str) -> None:
@@ -235,8 +246,10 @@ async def replay(
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
         pending = []
-        for prompt, gap in zip(prompts, gaps, strict=True):
-            await asyncio.sleep(gap / speedup)
+        instants = [t / speedup for t in itertools.accumulate(gaps)]
+        sends = paced(instants)
+        for prompt in prompts:
+            late.append(await anext(sends))
             pending.append(asyncio.create_task(one(client, prompt)))
         await asyncio.gather(*pending)
     return results
@@ -298,6 +311,7 @@ COLUMNS = [
     "errors",
     "busiest_share",
     "worst_loop_lag_ms",
+    "worst_send_late_ms",
 ]
 
 
@@ -325,11 +339,13 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "errors": sum(r["errors"] for r in mine),
                 "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
                 "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
+                "worst_send_late_ms": max(r.get("send_late_ms") or 0.0 for r in mine),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
                 "per_seed_met_share": [r["met_share"] for r in mine],
                 "per_seed_busiest_share": [r["busiest_share"] for r in mine],
                 "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
+                "per_seed_send_late_ms": [r.get("send_late_ms") for r in mine],
             }
         )
     learned = [r for r in summary if r["policy"] in agents]
@@ -420,7 +436,8 @@ def main(
             print(
                 f"  seed {one_seed} {name:<10} QoS {r['qos']:.3f}  met L {r['met_share']:.1%}  "
                 f"drops {r['drop_rate']:.1%}  busiest {r['busiest_share'] or 0:.0%}  "
-                f"loop lag p99 {r['loop_lag_ms'] or 0:.0f} ms"
+                f"loop lag p99 {r['loop_lag_ms'] or 0:.0f} ms  "
+                f"sent late p99 {r['send_late_ms'] or 0:.0f} ms"
                 + (f"  errors {r['errors']}" if r["errors"] else ""),
                 flush=True,
             )
@@ -441,6 +458,7 @@ def main(
             "scrape_ms": scrape_ms,
             "max_batch": max_batch,
             "engines": engines,
+            "arrivals": ARRIVALS,
             "models": {k: [recorded(d) for d in v] for k, v in models.items()},
         },
         summary,
@@ -468,7 +486,10 @@ def main(
             "`busiest_share`: the share of answers from the engine that gave most, "
             "averaged over seeds; `worst_loop_lag_ms`: the highest over seeds of the p99 "
             "of how late the engines' event loop woke (emulated ms): a run where it is "
-            "large measured the harness, not the policy."
+            "large measured the harness, not the policy; `worst_send_late_ms`: the "
+            "highest over seeds of the p99 of how late the client sent a request after "
+            "its instant (emulated ms; each send aims at its own instant, so lateness "
+            "does not add up)."
         ),
         quick=quick,
     )

@@ -19,7 +19,15 @@ from edgeroute.results_io import write
 from workers.profiles import EXPERTS
 
 # What makes two live runs one setting, besides the quality world and the models.
-SETTING = ("requests_per_seed", "rate", "speedup", "latency_ms", "scrape_ms", "max_batch")
+SETTING = (
+    "requests_per_seed",
+    "rate",
+    "speedup",
+    "latency_ms",
+    "scrape_ms",
+    "max_batch",
+    "arrivals",  # none before the client paced its sends (`qos_live.ARRIVALS`)
+)
 
 
 class NotPoolable(ValueError):
@@ -55,6 +63,7 @@ def _per_seed(config: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any
             "drop_rate": row["per_seed_drop_rate"][k],
             "busiest_share": row["per_seed_busiest_share"][k],
             "loop_lag_ms": row["per_seed_loop_lag_ms"][k],
+            "send_late_ms": row.get("per_seed_send_late_ms", [None] * len(seeds))[k],
             "latency_ms": row["latency_ms"],
             "requests": row["requests"] // len(seeds),
             "errors": row["errors"] if k == 0 else 0,

@@ -362,6 +362,7 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     assert 0.0 <= r["qos"] <= r["met_share"] <= 1.0 - r["drop_rate"]
     # every answer names its engine, and the engines' loop was watched throughout
     assert 1 / 6 <= r["busiest_share"] <= 1.0 and r["loop_lag_ms"] >= 0.0
+    assert r["send_late_ms"] >= 0.0  # and how late the client sent, too
     assert _children() <= before
 
 
@@ -427,9 +428,11 @@ def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None
         server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            return await replay(port, ["a", "b", "c"], [0.0, 0.0, 0.0], 1.0)
+            return await replay(port, ["a", "b", "c"], [0.0, 0.0, 0.0], 1.0, late)
 
+    late: list[float] = []
     results = asyncio.run(run())
+    assert len(late) == 3  # each send's lateness, kept
     assert [r[2] for r in results] == [FAILED] * 3
     assert all(r[0] == 0.0 for r in results)
 

@@ -85,6 +85,7 @@ def test_the_default_runs_pool_to_the_verdict_taken_by_hand(runs: list[dict[str,
         ("engines", 3, "engines"),
         ("latency_ms", 40.0, "latency_ms"),
         ("speedup", 5.0, "speedup"),
+        ("arrivals", "paced", "arrivals"),  # runs that slept each gap against paced ones
         ("command", "edgeroute bench qos --live --quality routerbench", "quality"),
     ],
 )
