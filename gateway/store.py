@@ -111,6 +111,13 @@ class SyncResult:
     config_version: int
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 class EmbeddedStore:
     """A Valkey server owned by this process, restarted on the same port if it dies.
 
@@ -120,9 +127,7 @@ class EmbeddedStore:
     """
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = _free_port()
         self._password = secrets.token_urlsafe(24)
         self._acl_dir = tempfile.TemporaryDirectory(prefix="edgeroute-acl-")
         acl = Path(self._acl_dir.name) / "users.acl"
@@ -142,7 +147,18 @@ class EmbeddedStore:
     def url(self) -> str:
         return f"redis://edgeroute:{self._password}@127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def start(self, attempts: int = 3) -> None:
+        """Start the server. A port found free can be taken by another socket before
+        the server binds it (on a busy host, an outgoing connection's): then it starts
+        on another, up to `attempts` ports, rather than failing the gateway's start."""
+        for _ in range(attempts - 1):
+            try:
+                self._server.start()
+                return
+            except OSError as exc:
+                log.warning("embedded store: port %d: %s; trying another", self.port, exc)
+                self.port = _free_port()
+                self._server = self._make()
         self._server.start()
 
     def alive(self) -> bool:

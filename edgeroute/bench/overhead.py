@@ -25,7 +25,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -49,15 +49,19 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
+class ServerExited(RuntimeError):
+    """A server process ended before it answered."""
+
+
 def wait_ready(
     url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
     """Until `url` answers 200; `proc`, when given, is the server, and its exit ends
-    the wait at once."""
+    the wait at once (`ServerExited`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+            raise ServerExited(f"{proc.args!r} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -68,11 +72,13 @@ def wait_ready(
     raise RuntimeError(f"{url} did not come up")
 
 
-def spawn(args: list[str], cpu: int) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], cpu: int, stderr: IO[bytes] | int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "edgeroute.cli", *args],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         preexec_fn=lambda: pin(cpu),
     )
 
@@ -118,11 +124,18 @@ def start_gateway(
     fd, name = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         f.write(yaml.safe_dump(cfg))
-    try:
-        proc = spawn(["serve", "--config", name], GATEWAY_CPU)
-        wait_ready(f"http://127.0.0.1:{port}/readyz", proc=proc)  # an exit ends the wait
-    finally:
-        os.unlink(name)  # read at start-up; later changes come through the store
+    # What it writes (warnings and errors) is read only if it exits before it is ready.
+    with tempfile.TemporaryFile() as said:
+        try:
+            proc = spawn(["serve", "--config", name], GATEWAY_CPU, stderr=said)
+            wait_ready(f"http://127.0.0.1:{port}/readyz", proc=proc)  # an exit ends the wait
+        except ServerExited as exc:
+            said.seek(0)
+            lines = said.read().decode(errors="replace").strip().splitlines()
+            said_last = " / ".join(lines[-3:]) if lines else "it wrote nothing"
+            raise ServerExited(f"{exc}: {said_last}") from None
+        finally:
+            os.unlink(name)  # read at start-up; later changes come through the store
     return proc
 
 

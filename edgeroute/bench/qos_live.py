@@ -21,17 +21,18 @@ import itertools
 import math
 import random
 import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from edgeroute.bench.live import free_ports, gateway_clock
 from edgeroute.bench.loadgen import paced, percentile
-from edgeroute.bench.overhead import GATEWAY_CPU, start_gateway
+from edgeroute.bench.overhead import GATEWAY_CPU, ServerExited, start_gateway
 from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
@@ -132,8 +133,7 @@ async def run_policy(
         }
         for i, w in enumerate(workers)
     ]
-    gateway = await asyncio.to_thread(
-        start_gateway,
+    gateway = await started_gateway(
         port,
         backends,
         str(spec["policy"]),
@@ -141,6 +141,7 @@ async def run_policy(
         scrape_interval=scrape_ms / 1000 / speedup,
         max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
     )
+    port = gateway.port
     lags: list[float] = []
     late: list[float] = []
     lag_task = asyncio.create_task(loop_lag(lags))
@@ -150,8 +151,8 @@ async def run_policy(
             results = await replay(port, prompts, gaps, speedup, late)
     finally:
         lag_task.cancel()
-        gateway.terminate()
-        await asyncio.to_thread(gateway.wait, 10)
+        gateway.process.terminate()
+        await asyncio.to_thread(gateway.process.wait, 10)
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks)
@@ -171,6 +172,29 @@ async def run_policy(
         # how late the client sent: the arrival process the engines really saw
         "send_late_ms": percentile(late, 99) * speedup * 1e3 if late else None,
     }
+
+
+class Gateway(NamedTuple):
+    process: subprocess.Popen[bytes]
+    port: int
+
+
+async def started_gateway(
+    port: int, backends: list[dict[str, Any]], target: str, attempts: int = 3, **settings: Any
+) -> Gateway:
+    """`overhead.start_gateway` on `port`, or, if the gateway exits before it is ready,
+    on another free port, up to `attempts` times. A port found free can be taken by
+    another socket before the gateway binds it (an outgoing connection's, in a run of
+    thousands), and one lost start-up must not end a run of hours."""
+    for _ in range(attempts - 1):
+        try:
+            process = await asyncio.to_thread(start_gateway, port, backends, target, **settings)
+            return Gateway(process, port)
+        except ServerExited as exc:
+            print(f"  the gateway did not start ({exc}); again on another port", flush=True)
+            port = free_ports(1)[0]
+    process = await asyncio.to_thread(start_gateway, port, backends, target, **settings)
+    return Gateway(process, port)
 
 
 ANSWERED, SHED, FAILED = 0, 1, 2

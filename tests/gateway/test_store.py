@@ -82,3 +82,33 @@ async def test_the_embedded_store_wants_its_password() -> None:
         await store.sync({"b": 1})  # the gateway's own client is authenticated
     finally:
         await store.close()
+
+
+def test_the_embedded_store_starts_on_another_port_if_its_own_is_taken() -> None:
+    """The hostile twin of a free port: another socket takes the one the store found
+    free before the store's server binds it. The store starts on another, and its URL
+    says which."""
+    import socket
+
+    from gateway.store import EmbeddedStore
+
+    store = EmbeddedStore()
+    chosen = store.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", chosen))
+        taken.listen()
+        store.start()
+        try:
+            assert store.alive() and store.port != chosen
+            assert f":{store.port}" in store.url
+
+            async def ping() -> bool:
+                client = aioredis.Redis.from_url(store.url)
+                try:
+                    return bool(await client.ping())
+                finally:
+                    await client.aclose()
+
+            assert asyncio.run(ping())
+        finally:
+            store.stop()

@@ -382,6 +382,45 @@ def test_a_live_run_with_more_engines_serves_from_every_one_of_them() -> None:
     assert r["busiest_share"] == pytest.approx(1 / 8)
 
 
+@needs_data("the RouterDC data")
+def test_a_live_run_whose_gateway_port_is_taken_starts_it_on_another(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port found free for the gateway is taken before it binds (in a run of
+    thousands of connections, an outgoing one can take it): the run goes on, on
+    another port, and says so."""
+    import socket
+
+    from edgeroute.bench import qos_live
+    from edgeroute.bench.live import free_ports as free
+    from edgeroute.sim.edge import load_tasks
+
+    prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:6]]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    first = True
+
+    def ports(count: int) -> list[int]:
+        nonlocal first
+        found = free(count)
+        if first:
+            first = False
+            found[0] = taken.getsockname()[1]  # the gateway's
+        return found
+
+    monkeypatch.setattr(qos_live, "free_ports", ports)
+    with taken:
+        r = asyncio.run(
+            qos_live.run_policy(
+                {"policy": "round_robin"}, prompts, [0.2] * 6, 10.0, 0.030, DATA_DIR, "routerdc"
+            )
+        )
+    assert r["requests"] == 6 and r["errors"] == 0 and r["drop_rate"] == 0.0
+    said = capsys.readouterr().out
+    assert "the gateway did not start" in said and "address already in use" in said.lower()
+
+
 def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     from edgeroute.bench.qos_live import SCRAPE_MS, named
 
