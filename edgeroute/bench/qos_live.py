@@ -201,7 +201,7 @@ ANSWERED, SHED, FAILED = 0, 1, 2
 
 # How the client keeps the instants, recorded with each run (`qos_pool` pools only
 # runs alike): "paced", each send aimed at its own instant. Runs recorded before
-# 2026-11-30 have none: they slept each gap in turn, and every wake-up's overshoot
+# 2026-11-30 (late morning) have none: they slept each gap in turn, and every wake-up's overshoot
 # (about 0.6 ms of wall time, 6 emulated ms) delayed all later sends, so their
 # engines saw 3-5% fewer arrivals per second than the rate they name.
 ARRIVALS = "paced"
