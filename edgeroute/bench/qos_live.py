@@ -201,9 +201,9 @@ ANSWERED, SHED, FAILED = 0, 1, 2
 
 # How the client keeps the instants, recorded with each run (`qos_pool` pools only
 # runs alike): "paced", each send aimed at its own instant. Runs recorded before
-# 2026-11-30 (late morning) have none: they slept each gap in turn, and every wake-up's overshoot
-# (about 0.6 ms of wall time, 6 emulated ms) delayed all later sends, so their
-# engines saw 3-5% fewer arrivals per second than the rate they name.
+# 2026-11-30 (late morning) have none: they slept each gap in turn, and every
+# wake-up's overshoot (about 0.6 ms of wall time, 6 emulated ms) delayed all later
+# sends, so their engines saw 3-5% fewer arrivals per second than the rate they name.
 ARRIVALS = "paced"
 
 
@@ -272,7 +272,7 @@ async def replay(
         pending = []
         instants = [t / speedup for t in itertools.accumulate(gaps)]
         sends = paced(instants)
-        for prompt in prompts:
+        for prompt, _ in zip(prompts, instants, strict=True):
             late.append(await anext(sends))
             pending.append(asyncio.create_task(one(client, prompt)))
         await asyncio.gather(*pending)
