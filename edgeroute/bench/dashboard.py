@@ -35,6 +35,7 @@ import httpx
 import yaml
 from pydantic import SecretStr
 
+from edgeroute.bench.live import free_ports
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import output_dir, save_figure, save_text, write
 from policies.predictor import MODEL_ROOT
@@ -62,14 +63,6 @@ PHASES = (
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve_workers(configs: list[Any]) -> None:
     from gateway.serving import Listener, run, serve_apps
     from workers.server import Worker
@@ -87,7 +80,7 @@ def _fleet(data_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
     configs: list[Any] = []
     backends: list[dict[str, Any]] = []
     for i, profile in enumerate(EXPERTS, start=1):
-        port = _free_port()
+        port = free_ports(1)[0]
         configs.append(
             WorkerConfig(
                 profile=profile,
@@ -101,7 +94,7 @@ def _fleet(data_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
         )
         backends.append({"id": f"worker-{i}", "url": f"http://127.0.0.1:{port}"})
     for name, experts in (("moe-a", range(4)), ("moe-b", range(4, 8))):
-        port = _free_port()
+        port = free_ports(1)[0]
         configs.append(
             WorkerConfig(
                 profile="mixtral-8x7b-chat",
@@ -324,7 +317,7 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
     token = secrets.token_urlsafe(16)
     admin = {"authorization": f"Bearer {token}"}
     configs, backends = _fleet(data)
-    gw_port, prom_port = _free_port(), _free_port()
+    gw_port, prom_port = free_ports(2)
     gateway = f"http://127.0.0.1:{gw_port}"
     prom = f"http://127.0.0.1:{prom_port}"
     procs: list[Any] = []
