@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from gateway.store import CONFIG_BACKENDS, REPLICAS, SharedStore
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    """Until `check` holds: an expiry is awaited, not slept past, so a loaded machine
+    that runs late cannot fail the test (nor a fast one pass it early)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def gone(store: SharedStore, replica: str) -> bool:
+    """Whether `replica` is no longer among the live ones `store` sees when it syncs."""
+    await store.sync({"w0": 5})
+    direct = aioredis.Redis.from_url(store.url, decode_responses=True)
+    try:
+        return replica not in await direct.smembers(REPLICAS)
+    finally:
+        await direct.aclose()
 
 
 def test_a_lease_is_held_by_one_replica_until_it_expires() -> None:
@@ -18,12 +39,12 @@ def test_a_lease_is_held_by_one_replica_until_it_expires() -> None:
         r2 = SharedStore(r1.url, "r2", 10.0)
         await r2.start()
         try:
-            assert await r1.lease("lease", 0.3)
-            assert await r1.lease("lease", 0.3)  # renewed by its holder
-            assert not await r2.lease("lease", 0.3)
-            await asyncio.sleep(0.5)
-            assert await r2.lease("lease", 0.3)  # r1 stopped renewing
-            assert not await r1.lease("lease", 0.3)
+            assert await r1.lease("lease", 60.0)
+            assert await r1.lease("lease", 60.0)  # renewed by its holder
+            assert not await r2.lease("lease", 60.0)
+            assert await r1.lease("lease", 0.05)  # its last renewal, a short one
+            await eventually(lambda: r2.lease("lease", 60.0))  # r1 stopped renewing
+            assert not await r1.lease("lease", 60.0)
             await r1.write_fields("h", {"a": "1", "b": "2"})
             await r2.write_fields("h", {"b": "3"})
             assert await r1.read_fields("h") == {"a": "1", "b": "3"}
@@ -39,7 +60,7 @@ def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
         a = SharedStore(None, "a", 10.0)
         await a.start()
         b = SharedStore(a.url, "b", 10.0)
-        c = SharedStore(a.url, "c", 0.3)  # its record expires unless it syncs again
+        c = SharedStore(a.url, "c", 60.0)  # its record expires unless it syncs again
         await b.start()
         await c.start()
         try:
@@ -50,7 +71,9 @@ def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
             assert seen.replicas == 3 and seen.config_version == 0
             await a.put(CONFIG_BACKENDS, "w0", "{}")  # bumps the version
             assert (await b.sync({})).remote_inflight == {"w0": 7}  # a's 5 + c's 2
-            await asyncio.sleep(0.5)  # c's hash expires
+            c.replica_ttl = 0.05  # c's last sync, then it stops: its hash expires
+            await c.sync({"w0": 2})
+            await eventually(lambda: gone(a, "c"))
             seen = await a.sync({"w0": 5})
             assert seen.remote_inflight == {} and seen.replicas == 2
             assert seen.config_version == 1
