@@ -133,26 +133,27 @@ async def run_policy(
         }
         for i, w in enumerate(workers)
     ]
-    gateway = await started_gateway(
-        port,
-        backends,
-        str(spec["policy"]),
-        routing={"default": spec},
-        scrape_interval=scrape_ms / 1000 / speedup,
-        max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
-    )
-    port = gateway.port
     lags: list[float] = []
     late: list[float] = []
-    lag_task = asyncio.create_task(loop_lag(lags))
     try:
-        await asyncio.sleep(0.3)  # a few scrapes of the engines' load
-        with collector_paused():
-            results = await replay(port, prompts, gaps, speedup, late)
-    finally:
-        lag_task.cancel()
-        gateway.process.terminate()
-        await asyncio.to_thread(gateway.process.wait, 10)
+        gateway = await started_gateway(
+            port,
+            backends,
+            str(spec["policy"]),
+            routing={"default": spec},
+            scrape_interval=scrape_ms / 1000 / speedup,
+            max_inflight=_DEFAULTS["max_inflight"].default,  # the gateway's own admission limit
+        )
+        lag_task = asyncio.create_task(loop_lag(lags))
+        try:
+            await asyncio.sleep(0.3)  # a few scrapes of the engines' load
+            with collector_paused():
+                results = await replay(gateway.port, prompts, gaps, speedup, late)
+        finally:
+            lag_task.cancel()
+            gateway.process.terminate()
+            await asyncio.to_thread(gateway.process.wait, 10)
+    finally:  # the engines stop too when no gateway would start
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks)

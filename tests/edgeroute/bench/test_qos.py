@@ -421,6 +421,46 @@ def test_a_live_run_whose_gateway_port_is_taken_starts_it_on_another(
     assert "the gateway did not start" in said and "address already in use" in said.lower()
 
 
+@needs_data("the RouterDC data")
+def test_a_live_run_whose_gateway_never_starts_stops_its_engines_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hostile twin of a start-up retried: every start of the gateway fails. The
+    run ends with the gateway's error, and the engines it started no longer listen."""
+    import socket
+
+    from edgeroute.bench import qos_live
+    from edgeroute.bench.live import free_ports as free
+    from edgeroute.bench.overhead import ServerExited
+
+    handed: list[int] = []
+
+    def ports(count: int) -> list[int]:
+        found = free(count)
+        handed.extend(found)
+        return found
+
+    def never(*_: object, **__: object) -> None:
+        raise ServerExited("the gateway exited at start-up: Address already in use")
+
+    monkeypatch.setattr(qos_live, "free_ports", ports)
+    monkeypatch.setattr(qos_live, "start_gateway", never)
+
+    async def run() -> list[int]:
+        with pytest.raises(ServerExited):
+            await qos_live.run_policy(
+                {"policy": "round_robin"}, ["a"], [0.0], 10.0, 0.030, DATA_DIR, "routerdc"
+            )
+        listening = []  # asked while the loop that served the engines still runs
+        for port in handed[1:7]:  # the first six: the gateway's, then the engines'
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    listening.append(port)
+        return listening
+
+    assert asyncio.run(run()) == []
+
+
 def test_a_live_run_at_another_scrape_writes_results_of_its_own() -> None:
     from edgeroute.bench.qos_live import SCRAPE_MS, named
 
