@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from edgeroute.bench.live import free_ports
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import output_dir, save_figure, save_text, write
 from policies.predictor import MODEL_ROOT
+from workers.profiles import EXPERTS
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "edgeroute.json"
@@ -63,6 +65,10 @@ PHASES = (
 )
 
 
+# The two MoE workers: each hosts these experts of every layer.
+MOE_WORKERS = (("moe-a", range(4)), ("moe-b", range(4, 8)))
+
+
 def _serve_workers(configs: list[Any]) -> None:
     from gateway.serving import Listener, run, serve_apps
     from workers.server import Worker
@@ -71,16 +77,15 @@ def _serve_workers(configs: list[Any]) -> None:
     run(serve_apps([Listener(w.app, w.config.host, w.config.port) for w in workers]))
 
 
-def _fleet(data_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
+def _fleet(data_dir: Path, ports: Iterator[int]) -> tuple[list[Any], list[dict[str, Any]]]:
     """Worker configs and the gateway's backend entries for them."""
     from workers.moe_host import MoEConfig
-    from workers.profiles import EXPERTS
     from workers.server import WorkerConfig
 
     configs: list[Any] = []
     backends: list[dict[str, Any]] = []
     for i, profile in enumerate(EXPERTS, start=1):
-        port = free_ports(1)[0]
+        port = next(ports)
         configs.append(
             WorkerConfig(
                 profile=profile,
@@ -93,8 +98,8 @@ def _fleet(data_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
             )
         )
         backends.append({"id": f"worker-{i}", "url": f"http://127.0.0.1:{port}"})
-    for name, experts in (("moe-a", range(4)), ("moe-b", range(4, 8))):
-        port = free_ports(1)[0]
+    for name, experts in MOE_WORKERS:
+        port = next(ports)
         configs.append(
             WorkerConfig(
                 profile="mixtral-8x7b-chat",
@@ -316,8 +321,9 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
     seconds = 60.0 if quick else seconds
     token = secrets.token_urlsafe(16)
     admin = {"authorization": f"Bearer {token}"}
-    configs, backends = _fleet(data)
-    gw_port, prom_port = free_ports(2)
+    # every port at once, so that none is handed out twice
+    gw_port, prom_port, *worker_ports = free_ports(2 + len(EXPERTS) + len(MOE_WORKERS))
+    configs, backends = _fleet(data, iter(worker_ports))
     gateway = f"http://127.0.0.1:{gw_port}"
     prom = f"http://127.0.0.1:{prom_port}"
     procs: list[Any] = []
