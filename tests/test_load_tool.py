@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import free_port, wait_until
+from gateway.ports import free_ports
+from tests.support import wait_until
 from tests.test_readme import free_run
 
 GUIDELLM = os.environ.get("GUIDELLM", "")
@@ -35,7 +36,7 @@ pytestmark = [
 
 
 def test_guidellm_runs_against_the_demo_with_no_errors(tmp_path: Path) -> None:
-    port, workers = free_port(), free_run(2)
+    port, workers = free_ports(1)[0], free_run(2)
     demo = subprocess.Popen(
         [
             sys.executable,

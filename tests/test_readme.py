@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.ports import free_ports
 from gateway.serving import PortInUse, check_ports
-from tests.support import free_port, wait_until
+from tests.support import wait_until
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 WORKERS = 4
@@ -39,7 +40,7 @@ def blocks(text: str) -> list[tuple[str, str]]:
 def free_run(count: int) -> int:
     """The first of `count` consecutive free ports."""
     while True:
-        first = free_port()
+        first = free_ports(1)[0]
         try:
             check_ports("127.0.0.1", range(first, first + count))
             return first
@@ -53,7 +54,7 @@ def demo() -> Iterator[tuple[int, dict[str, str]]]:
     exported = dict(re.findall(r"^export (\w+)=(\S+)$", quickstart, re.M))
     assert "EDGEROUTE_ADMIN_TOKEN" in exported, "the quickstart exports the admin token"
     env = {**os.environ, **exported}
-    port, workers = free_port(), free_run(WORKERS)
+    port, workers = free_ports(1)[0], free_run(WORKERS)
     args = ["--port", str(port), "--worker-port", str(workers), "--workers", str(WORKERS)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeroute.cli", "demo", *args],

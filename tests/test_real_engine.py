@@ -23,7 +23,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support import free_port, wait_until
+from gateway.ports import free_ports
+from tests.support import wait_until
 
 SERVER = os.environ.get("LLAMA_SERVER", "")
 MODEL_FILE = os.environ.get("GGUF_MODEL", "")
@@ -63,7 +64,7 @@ def started(
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
-    engine_port, gateway_port = free_port(), free_port()
+    engine_port, gateway_port = free_ports(2)
     engine = started(
         [
             SERVER,

@@ -36,9 +36,9 @@ import httpx
 import yaml
 from pydantic import SecretStr
 
-from edgeroute.bench.live import free_ports
 from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import output_dir, save_figure, save_text, write
+from gateway.ports import free_ports
 from policies.predictor import MODEL_ROOT
 from workers.profiles import EXPERTS
 

@@ -37,7 +37,6 @@ import math
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from edgeroute.bench.overhead import wait_ready
 from edgeroute.bench.stats import interval
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
+from gateway.ports import free_ports
 from gateway.promtext import read_samples
 from policies.predictor import MODEL_ROOT
 from workers.profiles import PROFILES
@@ -176,20 +176,6 @@ class Result:
     tokens: int = 0
     detail: str = ""
     score: float = math.nan  # the worker's emulated quality score, when it has one
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` ports free now (each bound and released; the OS does not hand them out
-    again at once)."""
-    socks = []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from edgeroute.bench.live import free_ports, gateway_clock
+from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.loadgen import paced, percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, ServerExited, start_gateway
 from edgeroute.bench.stats import paired, paired_each, shown
@@ -44,6 +44,7 @@ from edgeroute.qos.config import (
 )
 from edgeroute.results_io import recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, Task, engine_fleet, load_tasks
+from gateway.ports import free_ports
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings
 from workers.profiles import EXPERTS

@@ -18,8 +18,8 @@ from edgeroute.bench.cli import fleet_from
 from edgeroute.cli import build_parser, train_config
 from edgeroute.qos.config import RECORD, TrainConfig, read_record
 from edgeroute.sim.edge import Fleet
+from gateway.ports import free_ports
 from policies.predictor import MODEL_ROOT
-from tests.support import free_port
 
 
 def edgeroute(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,7 @@ def assert_one_line_error(r: subprocess.CompletedProcess[str], *expected: str) -
 
 
 def test_mistakes_are_one_line(tmp_path: Path) -> None:
-    r = edgeroute("serve", "--backend", "not a url", "--port", str(free_port()))
+    r = edgeroute("serve", "--backend", "not a url", "--port", str(free_ports(1)[0]))
     assert_one_line_error(r, "edgeroute serve: error: invalid settings: url: url must be an http")
     r = edgeroute("serve", "--config", str(tmp_path / "missing.yaml"))
     assert_one_line_error(r, "No such file or directory", "missing.yaml")
@@ -63,7 +63,7 @@ def test_a_busy_port_is_named_before_anything_starts() -> None:
         busy.listen()
         port = busy.getsockname()[1]
         r = edgeroute(
-            "demo", "--port", str(free_port()), "--worker-port", str(port), "--workers", "1"
+            "demo", "--port", str(free_ports(1)[0]), "--worker-port", str(port), "--workers", "1"
         )
         assert_one_line_error(r, f"127.0.0.1:{port}")
         assert "edgeroute demo:" not in r.stdout  # no banner for a demo that cannot start
@@ -72,7 +72,7 @@ def test_a_busy_port_is_named_before_anything_starts() -> None:
 
 
 def test_serve_says_where_it_listens_and_warns_without_backends() -> None:
-    port = free_port()
+    port = free_ports(1)[0]
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeroute.cli", "serve", "--port", str(port)],
         stdout=subprocess.PIPE,

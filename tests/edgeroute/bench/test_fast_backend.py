@@ -14,12 +14,13 @@ import httpx
 import pytest
 
 from edgeroute.bench.overhead import wait_ready
-from tests.support import free_port, sample, wait_until
+from gateway.ports import free_ports
+from tests.support import sample, wait_until
 
 
 @pytest.fixture
 def held_backend() -> Iterator[str]:
-    port = free_port()
+    port = free_ports(1)[0]
     proc = subprocess.Popen(
         [
             sys.executable,

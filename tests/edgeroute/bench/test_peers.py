@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 
 from edgeroute.bench.peers import target_files
-from tests.support import WorkerProcess, free_port, wait_until
+from gateway.ports import free_ports
+from tests.support import WorkerProcess, wait_until
 
 
 def test_a_policy_target_starts_the_gateway_in_front_of_the_harness_backends(
@@ -20,7 +21,7 @@ def test_a_policy_target_starts_the_gateway_in_front_of_the_harness_backends(
     workers = [
         WorkerProcess("--profile", "instant", "--served-model-name", "mock-model") for _ in range(2)
     ]
-    port = free_port()
+    port = free_ports(1)[0]
     first, second = target_files(["least_load", "cla"], tmp_path, first_port=port)
     assert "EDGEROUTE_NAME=edgeroute-cla" in second.read_text()
     env = {

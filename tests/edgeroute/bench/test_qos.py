@@ -392,8 +392,8 @@ def test_a_live_run_whose_gateway_port_is_taken_starts_it_on_another(
     import socket
 
     from edgeroute.bench import qos_live
-    from edgeroute.bench.live import free_ports as free
     from edgeroute.sim.edge import load_tasks
+    from gateway.ports import free_ports as free
 
     prompts = [t.prompt for t in load_tasks(DATA_DIR, split="eval", quality="routerdc")[:6]]
     taken = socket.socket()
@@ -430,8 +430,9 @@ def test_a_live_run_whose_gateway_never_starts_stops_its_engines_too(
     import socket
 
     from edgeroute.bench import qos_live
-    from edgeroute.bench.live import free_ports as free
     from edgeroute.bench.overhead import ServerExited
+    from gateway.ports import free_ports as free
+    from workers.profiles import EXPERTS
 
     handed: list[int] = []
 
@@ -452,7 +453,7 @@ def test_a_live_run_whose_gateway_never_starts_stops_its_engines_too(
                 {"policy": "round_robin"}, ["a"], [0.0], 10.0, 0.030, DATA_DIR, "routerdc"
             )
         listening = []  # asked while the loop that served the engines still runs
-        for port in handed[1:7]:  # the first six: the gateway's, then the engines'
+        for port in handed[1 : 1 + len(EXPERTS)]:  # drawn with the gateway's, after it
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     listening.append(port)
