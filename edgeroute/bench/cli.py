@@ -253,6 +253,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="instead, compare through the real gateway with emulated workers (6, or --engines)",
     )
     q.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --live: do not run it; run its own request streams, engines, scrape and "
+        "agents in the simulator (under --time-scale and --prefix-cache) and write the "
+        "prediction as results of its own, to commit before the run",
+    )
+    q.add_argument(
         "--requests", type=int, default=1000, help="with --live: requests per seed and policy"
     )
     q.add_argument(
@@ -525,13 +532,12 @@ def _qos(a: argparse.Namespace) -> None:
     if ignored:
         raise SystemExit(f"edgeroute bench qos: {ignored}")
     if a.live:
-        from edgeroute.bench.qos_live import SPEEDUP
+        from edgeroute.bench.qos_live import SPEEDUP, plan
         from edgeroute.bench.qos_live import main as live
 
-        live(
+        run = plan(
             a.quick,
             a.seed,
-            a.json,
             runs,
             a.requests,
             rate=DEFAULT_RATE if a.rate is None else a.rate,
@@ -544,6 +550,12 @@ def _qos(a: argparse.Namespace) -> None:
             engines=a.engines,
             speedup=SPEEDUP if a.speedup is None else a.speedup,
         )
+        if a.predict:
+            from edgeroute.bench.qos_replay import predict
+
+            predict(run, physics_from(a), a.json)
+        else:
+            live(run, a.json)
         return
     main(
         a.quick,
@@ -637,6 +649,8 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     its run did not have."""
     changed = _fleet_changed(a)
     if not a.live:
+        if a.predict:
+            return "--predict is for --live runs (it predicts one in the simulator)"
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),
             ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
@@ -648,10 +662,10 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
             if value is not None:
                 return f"{flag} is for --live runs ({why})"
         return _hardware_refused(a)
+    physics = ["time_scale"] * (a.time_scale != 1.0) + ["prefix_cache"] * a.prefix_cache
     simulated_only = (
         (["trace"] if a.trace is not None else [])
-        + (["time_scale"] if a.time_scale != 1.0 else [])
-        + (["prefix_cache"] if a.prefix_cache else [])
+        + ([] if a.predict else physics)  # a prediction runs in a simulated world
         + (["held_out_hardware"] if a.held_out_hardware else [])
         + (["engine_hardware"] if a.engine_hardware else [])
         + changed

@@ -393,10 +393,21 @@ def live_stream(
     return tasks, [rng.expovariate(rate) for _ in range(requests)]
 
 
-def main(
+class LivePlan(NamedTuple):
+    """A live run settled before it starts: its results' name, the config its results
+    file records (what `bench qos-replay` and `bench qos --live --predict` read), each
+    agent's training runs, and how they are served."""
+
+    name: str
+    config: dict[str, Any]
+    models: dict[str, list[Path]]
+    serving: Serving
+    quick: bool
+
+
+def plan(
     quick: bool,
     seed: int,
-    json_path: str | None,
     models: dict[str, list[Path]],
     requests: int = 1000,
     rate: float = DEFAULT_RATE,
@@ -408,29 +419,55 @@ def main(
     max_batch: int | None = None,
     serving: Serving | None = None,
     engines: int | None = None,
-) -> None:
-    """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
-    world's predictor) and each agent, on the same
-    prompts and instants per seed; seed k is served by an agent's training run k
-    (modulo its number of runs). `max_batch`, `engines` (None: six): see `run_policy`.
+) -> LivePlan:
+    """The live run these settings give (`main` runs it). `models` (none: the quality
+    world's trained runs), `max_batch`, `engines` (None: six): see `run_policy`.
     `serving`: agents served with other parameters (`shed: false`, `sample: true`)."""
     from edgeroute.bench.qos import check_serving, trained_runs
-    from workers.quality import default_data_dir
 
-    data_dir = default_data_dir()
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     engines = len(EXPERTS) if engines is None else engines
     serving = serving or {}
     check_serving(models, serving)
-    result_name, flags = named(
+    name, flags = named(
         quality, scrape_ms, models, max_batch, serving, rate, seed, latency_ms, engines, speedup
     )
     models = models or trained_runs(quality)
-    seeds = [seed + i for i in range(1 if quick else n_seeds)]
-    requests = min(requests, 100) if quick else requests
+    config = {
+        "command": "edgeroute bench qos --live"
+        + (" --quick" if quick else f" --seeds {n_seeds}")
+        + quality_flag(quality)
+        + flags,
+        "quality": quality,
+        "seeds": [seed + i for i in range(1 if quick else n_seeds)],
+        "requests_per_seed": min(requests, 100) if quick else requests,
+        "rate": rate,
+        "speedup": speedup,
+        "latency_ms": latency_ms,
+        "scrape_ms": scrape_ms,
+        "max_batch": max_batch,
+        "engines": engines,
+        "arrivals": ARRIVALS,
+        "models": {k: [recorded(d) for d in v] for k, v in models.items()},
+    }
+    return LivePlan(name, config, models, serving, quick)
+
+
+def main(run: LivePlan, json_path: str | None) -> None:
+    """RR, least-load (the engines' own queues: SQF), BR (`best_predicted`, with the
+    world's predictor) and each agent, on the same prompts and instants per seed; seed k
+    is served by an agent's training run k (modulo its number of runs)."""
+    from workers.quality import default_data_dir
+
+    data_dir = default_data_dir()
+    c = run.config
+    quality: Quality = c["quality"]
+    requests, rate, speedup = c["requests_per_seed"], c["rate"], c["speedup"]
+    latency_ms, scrape_ms, max_batch = c["latency_ms"], c["scrape_ms"], c["max_batch"]
+    engines = c["engines"]
     pool = load_tasks(data_dir, split="eval", quality=quality)
     rows: list[dict[str, Any]] = []
-    for k, one_seed in enumerate(seeds):
+    for k, one_seed in enumerate(c["seeds"]):
         tasks, gaps = live_stream(pool, one_seed, requests, rate)
         prompts = [t.prompt for t in tasks]
         specs: dict[str, dict[str, Any]] = {
@@ -438,10 +475,10 @@ def main(
             "least_load": {"policy": "least_load"},
             "BR": best_predicted(quality),  # load aside
         }
-        for name, runs in models.items():
+        for name, runs in run.models.items():
             spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
-            if name in serving:
-                spec["params"] = dict(serving[name])
+            if name in run.serving:
+                spec["params"] = dict(run.serving[name])
             specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
         for name, spec in specs.items():
             r = asyncio.run(
@@ -467,26 +504,10 @@ def main(
                 + (f"  errors {r['errors']}" if r["errors"] else ""),
                 flush=True,
             )
-    summary = summarise(rows, list(models))
+    summary = summarise(rows, list(run.models))
     write(
-        result_name,
-        {
-            "command": "edgeroute bench qos --live"
-            + (" --quick" if quick else f" --seeds {n_seeds}")
-            + quality_flag(quality)
-            + flags,
-            "quality": quality,
-            "seeds": seeds,
-            "requests_per_seed": requests,
-            "rate": rate,
-            "speedup": speedup,
-            "latency_ms": latency_ms,
-            "scrape_ms": scrape_ms,
-            "max_batch": max_batch,
-            "engines": engines,
-            "arrivals": ARRIVALS,
-            "models": {k: [recorded(d) for d in v] for k, v in models.items()},
-        },
+        run.name,
+        c,
         summary,
         COLUMNS,
         json_path,
@@ -517,5 +538,5 @@ def main(
             "its instant (emulated ms; each send aims at its own instant, so lateness "
             "does not add up)."
         ),
-        quick=quick,
+        quick=run.quick,
     )

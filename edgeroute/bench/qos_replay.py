@@ -1,5 +1,5 @@
 """A live QoS run's own request streams, replayed in the simulator: `edgeroute bench
-qos-replay LIVE.json`.
+qos-replay LIVE.json` after the run, and `edgeroute bench qos --live --predict` before it.
 
 `bench qos --live` and the simulated sweeps draw their request streams from different
 seeds, so live and simulated figures could be compared only by their means. This
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos import SERVING_FLAGS, Physics, Sweep
-from edgeroute.bench.qos_live import ARRIVALS, live_stream
-from edgeroute.bench.stats import paired, shown
+from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream
+from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import Serving, best_predicted, quality_dir
 from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
 from edgeroute.results_io import Plot, write
@@ -196,7 +196,7 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
             f"live - sim {rows[-1]['live_minus_sim']}",
             flush=True,
         )
-    base, flags = physics.named(f"qos_replay_{live['benchmark'].removeprefix('qos_live_')}")
+    base, flags = physics.named("qos_replay" + live["benchmark"].removeprefix("qos_live"))
     world = physics.describe()
     write(
         base,
@@ -234,6 +234,62 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
                 "3-5% fewer arrivals per second than replayed here."
             )
         ),
+    )
+
+
+PREDICTED_COLUMNS = ["policy", "predicted_qos_ci", "minus_least_load", "paired_minus_agents"]
+
+
+def predict(run: LivePlan, physics: Physics, json_path: str | None) -> None:
+    """`bench qos --live --predict`: the live run `run` in the simulator before it runs,
+    on its own streams, engines, scrape and agents, under `physics`; written to be
+    committed (and declared) before the run. `bench qos-replay` of the run's results
+    later gives the same simulated figures beside the live ones."""
+    try:
+        replay = Replay(run.config, physics)
+    except ValueError as exc:
+        raise SystemExit(f"edgeroute bench qos --live --predict: {exc}") from None
+    per_seed: dict[str, list[float]] = {}
+    for name, runs in replay.policies().items():
+        per_seed[name] = replay.run(runs)[0]
+        print(f"  {name:<16} predicted {shown(per_seed[name])}", flush=True)
+    first, *others = run.models
+    rows = [
+        {
+            "policy": name,
+            "predicted_qos_ci": shown(qos),
+            "minus_least_load": "" if name == "least_load" else paired(qos, per_seed["least_load"]),
+            "paired_minus_agents": paired_each(qos, {o: per_seed[o] for o in others})
+            if name == first
+            else "",
+            "per_seed_qos": qos,
+        }
+        for name, qos in per_seed.items()
+    ]
+    c = run.config
+    world = physics.describe() or "their profiles as they are, no prefix cache"
+    base, flags = physics.named("qos_predicted" + run.name.removeprefix("qos_live"))
+    write(
+        base,
+        {
+            "command": c["command"].replace("--live", "--live --predict", 1) + flags,
+            "live": c,
+            "time_scale": physics.time_scale,
+            "prefix_cache": physics.prefix_cache,
+        },
+        rows,
+        PREDICTED_COLUMNS,
+        json_path,
+        notes=(
+            f"The live run `{c['command']}` predicted in the simulator before it ran: each "
+            f"of its {len(c['seeds'])} seeds' {c['requests_per_seed']} prompts in order at "
+            f"their instants ({c['rate']:g}/s), L = {c['latency_ms']:g} ms, its "
+            f"{c['engines']} engine profiles as experts ({world}), the engines' metrics "
+            f"scraped every {c['scrape_ms']:g} ms, each agent's training run k on seed k as "
+            "live. Intervals are 95% over the seeds; `minus_least_load` and "
+            "`paired_minus_agents` (the first agent minus each other) are paired by seed."
+        ),
+        quick=run.quick,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from edgeroute.bench.cli import fleet_from
+from edgeroute.bench.qos_live import LivePlan
 from edgeroute.cli import build_parser, train_config
 from edgeroute.qos.config import RECORD, TrainConfig, read_record
 from edgeroute.sim.edge import Fleet
@@ -266,7 +267,9 @@ def test_a_live_latency_target_engine_count_and_speedup_reach_the_live_run(
     monkeypatch.setattr(
         edgeroute.bench.qos_live,
         "main",
-        lambda *a, **k: seen.append((k["latency_ms"], k["engines"], k["speedup"])),
+        lambda run, _: seen.append(
+            tuple(run.config[k] for k in ("latency_ms", "engines", "speedup"))
+        ),
     )
     for argv in (
         ["--live"],
@@ -274,7 +277,7 @@ def test_a_live_latency_target_engine_count_and_speedup_reach_the_live_run(
     ):
         args = parser.parse_args(["bench", "qos", *argv])
         args.func(args)
-    assert seen == [(30.0, None, 10.0), (40.0, 12, 5.0)]  # None: the live run's own six
+    assert seen == [(30.0, 6, 10.0), (40.0, 12, 5.0)]  # 6: the live run's own
 
 
 def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
@@ -289,8 +292,8 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
     def simulated(*args: object, **kwargs: object) -> None:
         seen["simulated"] = kwargs["n_seeds"]
 
-    def live(*args: object, **kwargs: object) -> None:
-        seen["live"] = kwargs["n_seeds"]
+    def live(run: LivePlan, _: object) -> None:
+        seen["live"] = len(run.config["seeds"])
 
     monkeypatch.setattr(edgeroute.bench.qos, "main", simulated)
     monkeypatch.setattr(edgeroute.bench.qos_live, "main", live)
@@ -313,6 +316,7 @@ def test_bench_qos_seeds_count_environment_seeds_in_either_mode(
         (["qos", "--latency-ms", "40"], "--latency-ms is for --live runs"),
         (["qos", "--engines", "12"], "--engines is for --live runs"),
         (["qos", "--speedup", "5"], "--speedup is for --live runs"),
+        (["qos", "--predict"], "--predict is for --live runs"),
         (["qos", "--live", "--hardware-ms", "20,40"], "--hardware-ms is for simulated runs"),
         (["qos", "--live", "--running-cap", "256"], "--running-cap is for simulated runs"),
         (["qos", "--live", "--waiting-cap", "1000"], "--waiting-cap is for simulated runs"),

@@ -117,3 +117,68 @@ def test_a_file_that_is_not_a_live_runs_results_is_refused_by_name(
     path.write_text("{not json")
     with pytest.raises(SystemExit, match="not a results file"):
         main(path, Physics(), None)
+
+
+def test_a_live_runs_plan_is_what_its_results_file_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The settings of the committed paced run at N = 12, lambda = 10 ((91)), planned
+    again without running it, give its recorded name and config: the same seeds,
+    streams' parameters and agents. So a prediction made from the settings alone runs
+    that run's own streams."""
+    from edgeroute.bench.qos_live import plan
+    from edgeroute.results_io import ROOT
+
+    name = "qos_live_routerdc_engines-12_rate-10_seed-3461_last5-full_last5-dsa_last5-baseline"
+    recorded = _committed(name)
+    config = {k: v for k, v in recorded["config"].items() if k != "machine"}
+    monkeypatch.chdir(ROOT)  # the models as the command gave them, from the checkout
+    runs = {k: [Path(d) for d in v] for k, v in config["models"].items()}
+    planned = plan(False, 3461, runs, rate=10.0, n_seeds=10, quality="routerdc", engines=12)
+    assert planned.name == recorded["benchmark"] == name
+    assert planned.config == config
+
+
+@needs_data("the RouterDC data")
+def test_a_prediction_runs_the_planned_streams_in_the_simulator_and_serves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench qos --live --predict` starts no engine and no gateway; it writes every
+    policy's predicted QoS per seed under its own name, recording the live command it
+    predicts and the simulated world, and the figures are the replay's of those streams."""
+    from edgeroute.bench import qos_live
+    from edgeroute.cli import build_parser
+
+    def served(*_: object, **__: object) -> None:
+        raise AssertionError("a prediction started a live run")
+
+    monkeypatch.setattr(qos_live, "run_policy", served)
+    out = tmp_path / "predicted.json"
+    argv = "bench qos --live --predict --quick --quality routerdc --seed 7 --rate 8"
+    args = build_parser().parse_args(
+        [*argv.split(), "--time-scale", "1.02", "--prefix-cache", "--json", str(out)]
+    )
+    args.func(args)
+    written = json.loads(out.read_text())
+    assert written["benchmark"] == "qos_predicted_routerdc_rate-8_seed-7_time-x1.02_prefix-cache"
+    config = written["config"]
+    assert config["command"] == (
+        "edgeroute bench qos --live --predict --quick --quality routerdc --rate 8 --seed 7"
+        " --time-scale 1.02 --prefix-cache"
+    )
+    assert config["live"]["seeds"] == [7] and config["live"]["requests_per_seed"] == 100
+    rows = {r["policy"]: r for r in written["results"]}
+    agents = list(config["live"]["models"])
+    assert list(rows) == ["RR", "least_load", "BR", *agents] and len(agents) >= 2
+    replay = Replay(config["live"], Physics(1.02, prefix_cache=True))
+    assert rows["RR"]["per_seed_qos"] == replay.run(replay.policies()["RR"])[0]
+    assert all(len(r["per_seed_qos"]) == 1 for r in rows.values())
+    assert rows[agents[0]]["paired_minus_agents"].startswith(f"{agents[1]}: ")
+
+
+def test_a_prediction_of_a_run_with_capped_batches_is_refused() -> None:
+    from edgeroute.bench.qos_live import plan
+    from edgeroute.bench.qos_replay import predict
+
+    with pytest.raises(SystemExit, match="capped batch is not supported"):
+        predict(plan(True, 1, {}, quality="routerdc", max_batch=5), Physics(), None)
