@@ -3,8 +3,10 @@ the counterfactual impact against the two worlds it compares."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections import deque
 
 import pytest
 
@@ -20,7 +22,7 @@ from edgeroute.sim.edge import (
 )
 from edgeroute.sim.timeline import Job, finish_times
 from tests.edgeroute.sim.test_edge import MODEL, env_with
-from workers.engine import Engine, Sequence
+from workers.engine import Engine, EngineStats, Sequence
 from workers.profiles import EXPERTS, PROFILES
 
 FAR = 1e6  # an arrival this late lets every request finish first
@@ -402,21 +404,29 @@ def test_a_hindsight_impact_waits_for_its_request_to_finish() -> None:
         env.hindsight_impact(first)
 
 
-def engine_finish_times(profile_name: str, jobs: list[Job]) -> dict[int, float]:
-    """The live workers' engine on `jobs`, all waiting at 0, stepped by hand on its own
-    clock (each iteration lasts what its profile charges for it)."""
+def engine_finish_times(
+    profile_name: str, jobs: list[Job], arrivals: list[float] | None = None
+) -> tuple[dict[int, float], EngineStats]:
+    """The live workers' engine on `jobs`, stepped by hand on its own clock (each
+    iteration lasts what its profile charges for it). Job k arrives at `arrivals[k]`
+    (all at 0 without them): one that comes while an iteration runs waits for its end,
+    one that finds the engine idle starts an iteration at once. With the engine's
+    counters (its preemptions)."""
     profile = PROFILES[profile_name]
     engine = Engine(profile)
     seqs = [Sequence(str(j.key), j.prompt, j.length) for j in jobs]
-    for seq in seqs:
-        engine.submit(seq)
+    came = deque(zip(arrivals or [0.0] * len(seqs), seqs, strict=True))
     t, done = 0.0, {}
-    while engine.running or engine.waiting:
+    while came or engine.running or engine.waiting:
+        if not (engine.running or engine.waiting):
+            t = max(t, came[0][0])
+        while came and came[0][0] <= t:
+            engine.submit(came.popleft()[1])
         plan = engine.schedule()
         t += profile.iteration_time(plan.prefill_tokens, plan.decode_context)
         engine.complete(plan, t)
         done.update({int(q.id): t for q in seqs if q.finished and int(q.id) not in done})
-    return done
+    return done, engine.stats
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -437,8 +447,29 @@ def test_the_live_engines_finish_when_the_simulator_says(seed: int) -> None:
         jobs.append(Job(len(jobs), prompt, 0, rng.randint(1, 300)))
         prompts += prompt
     want = finish_times(engine_experts()[i], [], [], jobs, 0.0, 0.0)
-    got = engine_finish_times(EXPERTS[i], jobs)
+    got, _ = engine_finish_times(EXPERTS[i], jobs)
     assert len(jobs) > 3 and got.keys() == want.keys()
+    assert all(math.isclose(got[k], want[k], rel_tol=1e-9) for k in want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_live_engines_finish_when_the_simulator_says_as_requests_arrive(seed: int) -> None:
+    """The same, with the requests arriving as a Poisson stream, from light load (ten
+    running at once at most) to heavy (up to 37, about twice L per token), nearly every
+    one arriving mid-iteration: each finishes at the same instant on the live engine and
+    on the simulator's expert, while no iteration's prefill passes the budget nor the KV
+    cache fills."""
+    rng = random.Random(seed)
+    i = rng.randrange(len(EXPERTS))
+    rate = rng.choice([1.0, 2.0, 4.0])
+    jobs = [Job(k, rng.randint(20, 400), 0, rng.randint(1, 200)) for k in range(120)]
+    times = list(itertools.accumulate(rng.expovariate(rate) for _ in jobs))
+    want = finish_times(
+        engine_experts()[i], [], [], [], 0.0, 0.0, arrivals=list(zip(times, jobs, strict=True))
+    )
+    got, engine = engine_finish_times(EXPERTS[i], jobs, times)
+    assert engine.preemptions == 0  # the KV cache never filled
+    assert got.keys() == want.keys() == {j.key for j in jobs}
     assert all(math.isclose(got[k], want[k], rel_tol=1e-9) for k in want)
 
 
@@ -448,6 +479,6 @@ def test_a_burst_past_the_prefill_budget_is_where_they_part() -> None:
     live engine is there, and under bursts only."""
     jobs = [Job(k, 1000, 0, 50) for k in range(20)]
     want = finish_times(engine_experts()[0], [], [], jobs, 0.0, 0.0)
-    got = engine_finish_times(EXPERTS[0], jobs)
+    got, _ = engine_finish_times(EXPERTS[0], jobs)
     assert len(set(want.values())) == 1  # one batch, admitted together
     assert len(set(got.values())) == 3  # admitted over three iterations
