@@ -13,6 +13,7 @@ from edgeroute.sim.edge import Fleet, check_range
 
 if TYPE_CHECKING:
     from edgeroute.bench.qos import Hardware, Physics
+    from edgeroute.bench.qos_replay import Lateness
 
 _N = TypeVar("_N", int, float)
 
@@ -289,6 +290,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_hardware_options(q)
     add_physics_options(q)
+    add_lateness_options(q)
     q.add_argument(
         "--speedup",
         type=positive_factor,
@@ -341,6 +343,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     rp.add_argument("run", type=Path, metavar="RESULTS.json", help="`bench qos --live` results")
     add_physics_options(rp)
+    add_lateness_options(rp)
     rp.add_argument("--json", help="also write the results as JSON here")
     rp.set_defaults(func=lambda a: _qos_replay(a))
     pd = command("qos-paired", help="paired differences between policies of one QoS run")
@@ -553,7 +556,7 @@ def _qos(a: argparse.Namespace) -> None:
         if a.predict:
             from edgeroute.bench.qos_replay import predict
 
-            predict(run, physics_from(a), a.json)
+            predict(run, physics_from(a), a.json, lateness_from(a))
         else:
             live(run, a.json)
         return
@@ -593,6 +596,34 @@ def add_physics_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_lateness_options(p: argparse.ArgumentParser) -> None:
+    """How late the live client's sends come, for `bench qos-replay` and `bench qos --live
+    --predict` (`edgeroute.bench.qos_replay.Lateness`; read back by `lateness_from`)."""
+    p.add_argument(
+        "--send-late-ms",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="replayed: each request sent late by an exponential draw of mean M emulated "
+        "ms, as the live client's loop lags (0: on time); results of their own",
+    )
+    p.add_argument(
+        "--draws",
+        type=positive_int,
+        default=1,
+        help="with --send-late-ms: draws of lateness per seed, the seed's QoS their mean",
+    )
+
+
+def lateness_from(a: argparse.Namespace) -> Lateness:
+    from edgeroute.bench.qos_replay import Lateness
+
+    try:
+        return Lateness(a.send_late_ms, a.draws)
+    except ValueError as exc:
+        raise SystemExit(f"edgeroute bench {a.benchmark}: {exc}") from None
+
+
 def physics_from(a: argparse.Namespace) -> Physics:
     from edgeroute.bench.qos import Physics
 
@@ -602,7 +633,7 @@ def physics_from(a: argparse.Namespace) -> Physics:
 def _qos_replay(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_replay import main
 
-    main(a.run, physics_from(a), a.json)
+    main(a.run, physics_from(a), a.json, lateness_from(a))
 
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
@@ -651,6 +682,8 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     if not a.live:
         if a.predict:
             return "--predict is for --live runs (it predicts one in the simulator)"
+        if a.send_late_ms or a.draws != 1:
+            return "--send-late-ms and --draws are for --live --predict (replayed sends)"
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),
             ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
@@ -670,6 +703,11 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
         + (["engine_hardware"] if a.engine_hardware else [])
         + changed
     )
+    if not a.predict and (a.send_late_ms or a.draws != 1):
+        return (
+            "--send-late-ms and --draws are for --live --predict: a live run's sends are "
+            "as late as they come (it records how late)"
+        )
     if simulated_only:
         flag = "--" + simulated_only[0].replace("_", "-")
         return (

@@ -17,9 +17,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import shlex
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +71,75 @@ def replayed(tasks: Sequence[Task], gaps: Sequence[float]) -> list[Arrival]:
     """A stream (tasks, gaps) as the simulator's arrivals: each request at its instant
     with its own prompt, and the last once more, never routed, for the last decision
     to wait for (`Sweep.env`'s `stream`)."""
-    times = itertools.accumulate(gaps)
+    return _arrivals(tasks, list(itertools.accumulate(gaps)))
+
+
+def _arrivals(tasks: Sequence[Task], times: Sequence[float]) -> list[Arrival]:
     arrivals = [Arrival(t, task=task) for t, task in zip(times, tasks, strict=True)]
     return [*arrivals, arrivals[-1]]
 
 
+@dataclass(frozen=True)
+class Lateness:
+    """How late the live client's sends came after their instants, replayed: each
+    request delayed by an exponential draw of mean `mean_ms` (emulated ms), none sent
+    before the one ahead of it, as the client's loop sends them; each seed replayed under
+    `draws` draws and scored by their mean. The default sends on time, once."""
+
+    mean_ms: float = 0.0
+    draws: int = 1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.mean_ms) and self.mean_ms >= 0):
+            raise ValueError(f"the mean lateness must be finite and >= 0 ms, not {self.mean_ms:g}")
+        if self.draws < 1 or (self.draws > 1 and self.mean_ms == 0):
+            raise ValueError(
+                f"{self.draws} draws of lateness: at least one, and more only with a "
+                "mean lateness above 0"
+            )
+
+    def streams(
+        self, tasks: Sequence[Task], gaps: Sequence[float], seed: int
+    ) -> list[list[Arrival]]:
+        """The seed's stream once per draw (draw d from its own generator, so a seed's
+        draws are the same in every run)."""
+        times = list(itertools.accumulate(gaps))
+        if self.mean_ms == 0:
+            return [_arrivals(tasks, times)]
+        streams = []
+        for d in range(self.draws):
+            rng = random.Random(f"lateness {seed} {d}")
+            late = (t + rng.expovariate(1000 / self.mean_ms) for t in times)
+            streams.append(_arrivals(tasks, list(itertools.accumulate(late, max))))
+        return streams
+
+    def named(self, base: str) -> tuple[str, str]:
+        """The results' name and the flags that give this lateness."""
+        if self.mean_ms == 0:
+            return base, ""
+        return (
+            f"{base}_late-{self.mean_ms:g}ms-x{self.draws}",
+            f" --send-late-ms {self.mean_ms:g} --draws {self.draws}",
+        )
+
+    def describe(self) -> str:
+        """For a results file's notes ("" when on time)."""
+        if self.mean_ms == 0:
+            return ""
+        return (
+            f"each request sent late by an exponential draw of mean {self.mean_ms:g} ms "
+            f"(none before the one ahead of it), {self.draws} draws per seed, the seed's "
+            "QoS their mean (`--send-late-ms`, `--draws`)"
+        )
+
+
 class Replay:
     """A live run's world in the simulator: its prompts, predictor, engines and scrape,
-    under `physics`."""
+    under `physics`, its requests sent with `lateness`."""
 
-    def __init__(self, config: dict[str, Any], physics: Physics) -> None:
+    def __init__(
+        self, config: dict[str, Any], physics: Physics, lateness: Lateness | None = None
+    ) -> None:
         from workers.quality import default_data_dir
 
         if config.get("max_batch") is not None:
@@ -87,6 +148,7 @@ class Replay:
                 "replaying a capped batch is not supported"
             )
         self.config = config
+        self.lateness = lateness or Lateness()
         self.quality = recorded_quality(config)
         self.pool = load_tasks(default_data_dir(), split="eval", quality=self.quality)
         self.sweep = Sweep(
@@ -120,11 +182,14 @@ class Replay:
         c = self.config
         sim, prompt, cached = [], 0, 0
         for k, seed in enumerate(c["seeds"]):
-            stream = replayed(*live_stream(self.pool, seed, c["requests_per_seed"], c["rate"]))
-            env = self.sweep.env(0, c["engines"], c["rate"], c["latency_ms"], stream=stream)
-            sim.append(evaluate(env, runs[k % len(runs)], [seed]).qos)
-            prompt += sum(e.prompt_total for e in env.experts)
-            cached += sum(e.skipped_total for e in env.experts)
+            tasks, gaps = live_stream(self.pool, seed, c["requests_per_seed"], c["rate"])
+            draws = []
+            for stream in self.lateness.streams(tasks, gaps, seed):
+                env = self.sweep.env(0, c["engines"], c["rate"], c["latency_ms"], stream=stream)
+                draws.append(evaluate(env, runs[k % len(runs)], [seed]).qos)
+                prompt += sum(e.prompt_total for e in env.experts)
+                cached += sum(e.skipped_total for e in env.experts)
+            sim.append(statistics.fmean(draws))
         return sim, cached / prompt if prompt else 0.0
 
 
@@ -162,10 +227,13 @@ def read_live(path: Path) -> dict[str, Any]:
     return live
 
 
-def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
+def main(
+    live_path: Path, physics: Physics, json_path: str | None, lateness: Lateness | None = None
+) -> None:
+    lateness = lateness or Lateness()
     try:
         live = read_live(live_path)
-        replay = Replay(live["config"], physics)
+        replay = Replay(live["config"], physics, lateness)
     except ValueError as exc:
         raise SystemExit(f"edgeroute bench qos-replay: {live_path}: {exc}") from None
     config = live["config"]
@@ -197,7 +265,9 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
             flush=True,
         )
     base, flags = physics.named("qos_replay" + live["benchmark"].removeprefix("qos_live"))
-    world = physics.describe()
+    base, late_flags = lateness.named(base)
+    flags += late_flags
+    world = "; ".join(w for w in (physics.describe(), lateness.describe()) if w)
     write(
         base,
         {
@@ -206,6 +276,8 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
             "live_command": config["command"],
             "time_scale": physics.time_scale,
             "prefix_cache": physics.prefix_cache,
+            "send_late_ms": lateness.mean_ms,
+            "draws": lateness.draws,
         },
         rows,
         COLUMNS,
@@ -240,13 +312,17 @@ def main(live_path: Path, physics: Physics, json_path: str | None) -> None:
 PREDICTED_COLUMNS = ["policy", "predicted_qos_ci", "minus_least_load", "paired_minus_agents"]
 
 
-def predict(run: LivePlan, physics: Physics, json_path: str | None) -> None:
+def predict(
+    run: LivePlan, physics: Physics, json_path: str | None, lateness: Lateness | None = None
+) -> None:
     """`bench qos --live --predict`: the live run `run` in the simulator before it runs,
     on its own streams, engines, scrape and agents, under `physics`; written to be
     committed (and declared) before the run. `bench qos-replay` of the run's results
-    later gives the same simulated figures beside the live ones."""
+    later gives the same simulated figures beside the live ones. `lateness`: the sends
+    as late as the live client's will be."""
+    lateness = lateness or Lateness()
     try:
-        replay = Replay(run.config, physics)
+        replay = Replay(run.config, physics, lateness)
     except ValueError as exc:
         raise SystemExit(f"edgeroute bench qos --live --predict: {exc}") from None
     per_seed: dict[str, list[float]] = {}
@@ -268,7 +344,10 @@ def predict(run: LivePlan, physics: Physics, json_path: str | None) -> None:
     ]
     c = run.config
     world = physics.describe() or "their profiles as they are, no prefix cache"
+    world = "; ".join(w for w in (world, lateness.describe()) if w)
     base, flags = physics.named("qos_predicted" + run.name.removeprefix("qos_live"))
+    base, late_flags = lateness.named(base)
+    flags += late_flags
     write(
         base,
         {
@@ -276,6 +355,8 @@ def predict(run: LivePlan, physics: Physics, json_path: str | None) -> None:
             "live": c,
             "time_scale": physics.time_scale,
             "prefix_cache": physics.prefix_cache,
+            "send_late_ms": lateness.mean_ms,
+            "draws": lateness.draws,
         },
         rows,
         PREDICTED_COLUMNS,

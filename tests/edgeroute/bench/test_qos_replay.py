@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,16 @@ import pytest
 
 from edgeroute.bench.qos import Physics
 from edgeroute.bench.qos_live import live_stream
-from edgeroute.bench.qos_replay import Replay, recorded_quality, recorded_serving, replayed
+from edgeroute.bench.qos_replay import (
+    Lateness,
+    Replay,
+    recorded_quality,
+    recorded_serving,
+    replayed,
+)
 from edgeroute.qos.evaluate import BASELINES, evaluate
 from edgeroute.results_io import output_dir
+from edgeroute.sim.edge import Task
 from tests.support import needs_data
 
 LIVE = "qos_live_routerdc_rate-8_seed-3301_last5-full_last5-dsa_last5-baseline"
@@ -182,3 +191,60 @@ def test_a_prediction_of_a_run_with_capped_batches_is_refused() -> None:
 
     with pytest.raises(SystemExit, match="capped batch is not supported"):
         predict(plan(True, 1, {}, quality="routerdc", max_batch=5), Physics(), None)
+
+
+def _pool(n: int) -> list[Task]:
+    return [Task(f"prompt {i}", 10 + i, {}, {}) for i in range(n)]
+
+
+def test_sends_replayed_late_keep_their_order_and_are_never_early() -> None:
+    """On time, a seed's stream is the replay's own; late, every request comes at or
+    after its instant, in the order sent, with its own prompt, and the draws are the
+    same in every run but differ from each other."""
+    tasks, gaps = live_stream(_pool(50), 3, 500, 5.0)
+    instants = list(itertools.accumulate(gaps))
+    assert Lateness().streams(tasks, gaps, 3) == [replayed(tasks, gaps)]
+    draws = Lateness(10.0, 3).streams(tasks, gaps, 3)
+    assert draws == Lateness(10.0, 3).streams(tasks, gaps, 3)
+    assert len(draws) == 3 and draws[0] != draws[1]
+    for stream in draws:
+        sent = stream[:-1]
+        assert [a.task for a in sent] == tasks and stream[-1] == sent[-1]
+        times = [a.t for a in sent]
+        assert times == sorted(times)
+        assert all(t >= at for t, at in zip(times, instants, strict=True))
+        late_ms = statistics.fmean(t - at for t, at in zip(times, instants, strict=True)) * 1000
+        assert 5 < late_ms < 40  # an exponential of mean 10 ms, pushed later by order kept
+
+
+@pytest.mark.parametrize(
+    ("mean_ms", "draws", "refused"),
+    [
+        (-1.0, 1, "finite and >= 0"),
+        (math.nan, 1, "finite and >= 0"),
+        (math.inf, 1, "finite and >= 0"),
+        (10.0, 0, "at least one"),
+        (0.0, 2, "more only with a mean lateness above 0"),
+    ],
+)
+def test_a_lateness_that_cannot_be_drawn_is_refused(
+    mean_ms: float, draws: int, refused: str
+) -> None:
+    with pytest.raises(ValueError, match=refused):
+        Lateness(mean_ms, draws)
+
+
+@needs_data("the RouterDC data")
+def test_a_prediction_with_late_sends_is_named_and_recorded_so(tmp_path: Path) -> None:
+    from edgeroute.cli import build_parser
+
+    out = tmp_path / "late.json"
+    argv = "bench qos --live --predict --quick --quality routerdc --seed 7 --rate 8"
+    args = build_parser().parse_args(
+        [*argv.split(), "--send-late-ms", "10", "--draws", "2", "--json", str(out)]
+    )
+    args.func(args)
+    written = json.loads(out.read_text())
+    assert written["benchmark"] == "qos_predicted_routerdc_rate-8_seed-7_late-10ms-x2"
+    assert written["config"]["command"].endswith(" --send-late-ms 10 --draws 2")
+    assert (written["config"]["send_late_ms"], written["config"]["draws"]) == (10.0, 2)
