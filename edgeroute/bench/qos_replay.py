@@ -227,6 +227,25 @@ def read_live(path: Path) -> dict[str, Any]:
     return live
 
 
+PROFILED = "their profiles as they are, no prefix cache, sent on time"
+
+
+def _world(base: str, physics: Physics, lateness: Lateness) -> tuple[str, str, str, dict[str, Any]]:
+    """A replay's results name from `base`, the flags that give its world, the words
+    for its notes ("" for the profiles as they are, sent on time: `PROFILED`) and the
+    config entries that record it."""
+    name, flags = physics.named(base)
+    name, late_flags = lateness.named(name)
+    words = "; ".join(w for w in (physics.describe(), lateness.describe()) if w)
+    recorded = {
+        "time_scale": physics.time_scale,
+        "prefix_cache": physics.prefix_cache,
+        "send_late_ms": lateness.mean_ms,
+        "draws": lateness.draws,
+    }
+    return name, flags + late_flags, words, recorded
+
+
 def main(
     live_path: Path, physics: Physics, json_path: str | None, lateness: Lateness | None = None
 ) -> None:
@@ -264,20 +283,16 @@ def main(
             f"live - sim {rows[-1]['live_minus_sim']}",
             flush=True,
         )
-    base, flags = physics.named("qos_replay" + live["benchmark"].removeprefix("qos_live"))
-    base, late_flags = lateness.named(base)
-    flags += late_flags
-    world = "; ".join(w for w in (physics.describe(), lateness.describe()) if w)
+    base, flags, world, recorded = _world(
+        "qos_replay" + live["benchmark"].removeprefix("qos_live"), physics, lateness
+    )
     write(
         base,
         {
             "command": f"edgeroute bench qos-replay {live_path}{flags}",
             "live": str(live_path),
             "live_command": config["command"],
-            "time_scale": physics.time_scale,
-            "prefix_cache": physics.prefix_cache,
-            "send_late_ms": lateness.mean_ms,
-            "draws": lateness.draws,
+            **recorded,
         },
         rows,
         COLUMNS,
@@ -292,7 +307,7 @@ def main(
             f"{config['seeds'][-1]}) replayed in the simulator: its {requests} prompts in "
             f"order at their instants ({rate:g}/s), L = {latency_ms:g} ms, the live run's "
             f"{config['engines']} engine profiles as experts"
-            + (f" ({world})" if world else " (their profiles as they are, no prefix cache)")
+            + f" ({world or PROFILED})"
             + f", the engines' metrics scraped every {config['scrape_ms']:g} ms, each agent's "
             "training run k on seed k as live. `live_minus_sim`: paired by seed, 95% "
             "interval; `correlation`: of the per-seed QoS, live against simulated; "
@@ -343,20 +358,15 @@ def predict(
         for name, qos in per_seed.items()
     ]
     c = run.config
-    world = physics.describe() or "their profiles as they are, no prefix cache"
-    world = "; ".join(w for w in (world, lateness.describe()) if w)
-    base, flags = physics.named("qos_predicted" + run.name.removeprefix("qos_live"))
-    base, late_flags = lateness.named(base)
-    flags += late_flags
+    base, flags, world, recorded = _world(
+        "qos_predicted" + run.name.removeprefix("qos_live"), physics, lateness
+    )
     write(
         base,
         {
             "command": c["command"].replace("--live", "--live --predict", 1) + flags,
             "live": c,
-            "time_scale": physics.time_scale,
-            "prefix_cache": physics.prefix_cache,
-            "send_late_ms": lateness.mean_ms,
-            "draws": lateness.draws,
+            **recorded,
         },
         rows,
         PREDICTED_COLUMNS,
@@ -365,7 +375,8 @@ def predict(
             f"The live run `{c['command']}` predicted in the simulator before it ran: each "
             f"of its {len(c['seeds'])} seeds' {c['requests_per_seed']} prompts in order at "
             f"their instants ({c['rate']:g}/s), L = {c['latency_ms']:g} ms, its "
-            f"{c['engines']} engine profiles as experts ({world}), the engines' metrics "
+            f"{c['engines']} engine profiles as experts ({world or PROFILED}), the engines' "
+            "metrics "
             f"scraped every {c['scrape_ms']:g} ms, each agent's training run k on seed k as "
             "live. Intervals are 95% over the seeds; `minus_least_load` and "
             "`paired_minus_agents` (the first agent minus each other) are paired by seed."
