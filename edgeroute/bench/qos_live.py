@@ -150,6 +150,8 @@ async def run_policy(
             await asyncio.sleep(0.3)  # a few scrapes of the engines' load
             with collector_paused():
                 results = await replay(gateway.port, prompts, gaps, speedup, late)
+            queried = sum(w.engine.stats.prefix_queries for w in workers)
+            computed = sum(w.engine.stats.prompt_tokens for w in workers)
         finally:
             lag_task.cancel()
             gateway.process.terminate()
@@ -173,6 +175,9 @@ async def run_policy(
         "loop_lag_ms": percentile(lags, 99) * speedup * 1e3 if lags else None,
         # how late the client sent: the arrival process the engines really saw
         "send_late_ms": percentile(late, 99) * speedup * 1e3 if late else None,
+        # the prompt tokens the engines' prefix caches skipped (`bench qos-replay`'s
+        # `prefill_skipped`, simulated)
+        "prefill_skipped": 1 - computed / queried if queried else None,
     }
 
 
@@ -338,6 +343,7 @@ COLUMNS = [
     "busiest_share",
     "worst_loop_lag_ms",
     "worst_send_late_ms",
+    "prefill_skipped",
 ]
 
 
@@ -366,12 +372,14 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
                 "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
                 "worst_send_late_ms": max(r.get("send_late_ms") or 0.0 for r in mine),
+                "prefill_skipped": _share(r.get("prefill_skipped") for r in mine),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
                 "per_seed_met_share": [r["met_share"] for r in mine],
                 "per_seed_busiest_share": [r["busiest_share"] for r in mine],
                 "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
                 "per_seed_send_late_ms": [r.get("send_late_ms") for r in mine],
+                "per_seed_prefill_skipped": [r.get("prefill_skipped") for r in mine],
             }
         )
     learned = [r for r in summary if r["policy"] in agents]
@@ -380,6 +388,12 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
             learned[0]["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in learned[1:]}
         )
     return summary
+
+
+def _share(shares: Iterator[float | None]) -> str:
+    """A mean share over seeds as a percentage, or "" where a run did not record it."""
+    known = [s for s in shares if s is not None]
+    return f"{statistics.fmean(known):.0%}" if known else ""
 
 
 def live_stream(
@@ -536,7 +550,8 @@ def main(run: LivePlan, json_path: str | None) -> None:
             "large measured the harness, not the policy; `worst_send_late_ms`: the "
             "highest over seeds of the p99 of how late the client sent a request after "
             "its instant (emulated ms; each send aims at its own instant, so lateness "
-            "does not add up)."
+            "does not add up); `prefill_skipped`: the share of prompt tokens whose "
+            "prefill the engines' prefix caches skipped, averaged over seeds."
         ),
         quick=run.quick,
     )

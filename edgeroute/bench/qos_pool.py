@@ -64,6 +64,7 @@ def _per_seed(config: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any
             "busiest_share": row["per_seed_busiest_share"][k],
             "loop_lag_ms": row["per_seed_loop_lag_ms"][k],
             "send_late_ms": row.get("per_seed_send_late_ms", [None] * len(seeds))[k],
+            "prefill_skipped": row.get("per_seed_prefill_skipped", [None] * len(seeds))[k],
             "latency_ms": row["latency_ms"],
             "requests": row["requests"] // len(seeds),
             "errors": row["errors"] if k == 0 else 0,

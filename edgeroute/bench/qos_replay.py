@@ -43,6 +43,7 @@ COLUMNS = [
     "live_minus_sim",
     "correlation",
     "prefill_skipped",
+    "live_prefill_skipped",
 ]
 
 
@@ -257,7 +258,8 @@ def main(
         raise SystemExit(f"edgeroute bench qos-replay: {live_path}: {exc}") from None
     config = live["config"]
     latency_ms, requests, rate = config["latency_ms"], config["requests_per_seed"], config["rate"]
-    live_qos = {r["policy"]: r["per_seed_qos"] for r in live["results"]}
+    live_rows = {r["policy"]: r for r in live["results"]}
+    live_qos = {name: r["per_seed_qos"] for name, r in live_rows.items()}
     policies = replay.policies()
     if missing := [name for name in policies if name not in live_qos]:
         raise SystemExit(f"edgeroute bench qos-replay: {live_path}: no live QoS of {missing}")
@@ -274,6 +276,7 @@ def main(
                 "live_minus_sim_mean": statistics.fmean(there) - statistics.fmean(sim),
                 "correlation": _correlation(there, sim),
                 "prefill_skipped": f"{skipped:.0%}" if physics.prefix_cache else "",
+                "live_prefill_skipped": live_rows[name].get("prefill_skipped", ""),
                 "per_seed_live_qos": there,
                 "per_seed_sim_qos": sim,
             }
@@ -312,7 +315,8 @@ def main(
             "training run k on seed k as live. `live_minus_sim`: paired by seed, 95% "
             "interval; `correlation`: of the per-seed QoS, live against simulated; "
             "`prefill_skipped`: the share of prompt tokens the simulated prefix caches "
-            "skipped (empty without them)."
+            "skipped (empty without them), `live_prefill_skipped` the live engines' "
+            "(empty for runs from before 2026-11-30, afternoon, which did not record it)."
             + (
                 ""
                 if config.get("arrivals") == ARRIVALS

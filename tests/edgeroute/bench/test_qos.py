@@ -383,6 +383,37 @@ def test_a_live_run_with_more_engines_serves_from_every_one_of_them() -> None:
 
 
 @needs_data("the RouterDC data")
+def test_a_live_run_counts_the_prefill_its_engines_prefix_caches_skipped() -> None:
+    """Round-robin over six engines: the same prompt 24 times comes to each engine four
+    times, and each engine computes its prefill once; 24 different prompts skip far
+    less. The share is the live twin of the replay's simulated `prefill_skipped`."""
+    from edgeroute.bench.qos_live import run_policy
+    from edgeroute.sim.edge import load_tasks
+
+    tasks = load_tasks(DATA_DIR, split="eval", quality="routerdc")
+    longest = max(tasks, key=lambda t: t.prompt_tokens)
+    assert longest.prompt_tokens > 64  # several of the cache's 16-token blocks
+
+    def skipped(prompts: list[str]) -> float:
+        r = asyncio.run(
+            run_policy(
+                {"policy": "round_robin"}, prompts, [0.2] * 24, 10.0, 0.030, DATA_DIR, "routerdc"
+            )
+        )
+        assert r["requests"] == 24 and r["errors"] == 0
+        share: float = r["prefill_skipped"]
+        return share
+
+    repeated = skipped([longest.prompt] * 24)
+    different = skipped([t.prompt for t in tasks[:24]])
+    # three of each engine's four prompts skip every full 16-token block of theirs
+    assert repeated == pytest.approx(
+        3 / 4 * (longest.prompt_tokens // 16 * 16) / longest.prompt_tokens, abs=0.02
+    )
+    assert 0.0 <= different < 0.05
+
+
+@needs_data("the RouterDC data")
 def test_a_live_run_whose_gateway_port_is_taken_starts_it_on_another(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
