@@ -15,7 +15,9 @@ decision latency, features and predictor included, at N=6 and 12 with full queue
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -91,6 +93,37 @@ def serving_from(no_shed: list[str], sample: list[str]) -> Serving:
         for name in names:
             serving.setdefault(name, {})[param] = SERVING_FLAGS[param][1]
     return serving
+
+
+def recorded_serving(command: str) -> Serving:
+    """The agents' serving parameters (`--no-shed NAME`, `--sample NAME`) in a results
+    file's command."""
+    words = shlex.split(command)
+    serving: Serving = {}
+    for param, (flag, value) in SERVING_FLAGS.items():
+        for i, word in enumerate(words[:-1]):
+            if word == flag:
+                serving.setdefault(words[i + 1], {})[param] = value
+    return serving
+
+
+def refuse_other_serving(name: str, serving: Serving, quick: bool) -> None:
+    """Refuse (SystemExit) a run whose results `name` would overwrite tracked results of
+    the same agents served otherwise: results are named by their agents, not by how
+    they are served (`--sample`, `--no-shed`), so such a run names its agents apart
+    (`NAME-drawn`). A quick run writes elsewhere and is not held to it."""
+    path = output_dir(False) / f"{name}.json"
+    if quick or not path.exists():
+        return
+    try:
+        command = str(json.loads(path.read_text())["config"]["command"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a results file this check can read; `write` reports what it replaces
+    if recorded_serving(command) != serving:
+        raise SystemExit(
+            f"{path.name} holds these agents served otherwise (`{command}`); give the "
+            "agents other names (`--model NAME-drawn=...`) rather than overwrite it"
+        )
 
 
 def agents_named(
@@ -305,6 +338,7 @@ def main(
         base, seed, hardware, None if n_seeds == usual else n_seeds, physics
     )
     result_name, model_flags = agents_named(base, models, serving)
+    refuse_other_serving(result_name, serving, quick)
     models = models or trained_runs(quality)
     heuristics: dict[str, Policy] = {
         "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),

@@ -437,7 +437,7 @@ def plan(
     """The live run these settings give (`main` runs it). `models` (none: the quality
     world's trained runs), `max_batch`, `engines` (None: six): see `run_policy`.
     `serving`: agents served with other parameters (`shed: false`, `sample: true`)."""
-    from edgeroute.bench.qos import check_serving, trained_runs
+    from edgeroute.bench.qos import check_serving, refuse_other_serving, trained_runs
 
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     engines = len(EXPERTS) if engines is None else engines
@@ -446,6 +446,7 @@ def plan(
     name, flags = named(
         quality, scrape_ms, models, max_batch, serving, rate, seed, latency_ms, engines, speedup
     )
+    refuse_other_serving(name, serving, quick)
     models = models or trained_runs(quality)
     config = {
         "command": "edgeroute bench qos --live"

@@ -18,17 +18,16 @@ import itertools
 import json
 import math
 import random
-import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import SERVING_FLAGS, Physics, Sweep
+from edgeroute.bench.qos import Physics, Sweep, recorded_serving, refuse_other_serving
 from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream
 from edgeroute.bench.stats import paired, paired_each, shown
-from edgeroute.qos.config import Serving, best_predicted, quality_dir
+from edgeroute.qos.config import best_predicted, quality_dir
 from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
 from edgeroute.results_io import Plot, write
 from edgeroute.sim.edge import Arrival, Quality, ServedPredictor, Task, load_tasks
@@ -54,18 +53,6 @@ def recorded_quality(config: dict[str, Any]) -> Quality:
         quality: Quality = config["quality"]
         return quality
     return "routerdc" if "--quality routerdc" in config["command"] else "routerbench"
-
-
-def recorded_serving(command: str) -> Serving:
-    """The agents' serving parameters (`--no-shed NAME`, `--sample NAME`) in a live
-    run's command."""
-    words = shlex.split(command)
-    serving: Serving = {}
-    for param, (flag, value) in SERVING_FLAGS.items():
-        for i, word in enumerate(words[:-1]):
-            if word == flag:
-                serving.setdefault(words[i + 1], {})[param] = value
-    return serving
 
 
 def replayed(tasks: Sequence[Task], gaps: Sequence[float]) -> list[Arrival]:
@@ -340,8 +327,13 @@ def predict(
     later gives the same simulated figures beside the live ones. `lateness`: the sends
     as late as the live client's will be."""
     lateness = lateness or Lateness()
+    c = run.config
+    base, flags, world, recorded = _world(
+        "qos_predicted" + run.name.removeprefix("qos_live"), physics, lateness
+    )
+    refuse_other_serving(base, run.serving, run.quick)
     try:
-        replay = Replay(run.config, physics, lateness)
+        replay = Replay(c, physics, lateness)
     except ValueError as exc:
         raise SystemExit(f"edgeroute bench qos --live --predict: {exc}") from None
     per_seed: dict[str, list[float]] = {}
@@ -361,10 +353,6 @@ def predict(
         }
         for name, qos in per_seed.items()
     ]
-    c = run.config
-    base, flags, world, recorded = _world(
-        "qos_predicted" + run.name.removeprefix("qos_live"), physics, lateness
-    )
     write(
         base,
         {

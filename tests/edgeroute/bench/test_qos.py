@@ -636,3 +636,45 @@ def test_with_the_prefix_cache_a_concentrating_policy_skips_prefill_and_answers_
         shares[name] = skipped_share(env)
     assert 0 < shares["RR"] < shares["BR"]
     assert took["BR"][1] < took["BR"][0]
+
+
+def test_results_of_agents_served_otherwise_are_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results are named by their agents, not by how they are served: a run whose file
+    would replace one of the same agents served otherwise is refused, by name; the same
+    serving, a new name, a quick run or a file it cannot read go on."""
+    from edgeroute.bench import qos
+
+    monkeypatch.setattr(qos, "output_dir", lambda quick: tmp_path)
+    (tmp_path / "qos_live_a.json").write_text(
+        json.dumps({"config": {"command": "edgeroute bench qos --live --model a=x --sample a"}})
+    )
+    with pytest.raises(SystemExit, match=r"qos_live_a\.json holds these agents served otherwise"):
+        qos.refuse_other_serving("qos_live_a", {}, quick=False)
+    qos.refuse_other_serving("qos_live_a", {"a": {"sample": True}}, quick=False)
+    qos.refuse_other_serving("qos_live_a", {}, quick=True)
+    qos.refuse_other_serving("qos_live_b", {}, quick=False)
+    (tmp_path / "qos_live_c.json").write_text("{not json")
+    qos.refuse_other_serving("qos_live_c", {}, quick=False)
+
+
+def test_a_live_run_drawing_the_agents_of_committed_argmax_results_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(90)'s agents by argmax are committed under their names; the same command with
+    `--sample` would overwrite them, and is refused before anything runs."""
+    from edgeroute.bench import qos_live
+    from edgeroute.cli import build_parser
+
+    def ran(*_: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(qos_live, "main", ran)
+    argv = (
+        "bench qos --live --seeds 10 --quality routerdc --engines 12 --seed 3451"
+        " --model last5-full=a --model last5-dsa=b --model last5-baseline=c --sample last5-full"
+    )
+    args = build_parser().parse_args(argv.split())
+    with pytest.raises(SystemExit, match="served otherwise"):
+        args.func(args)

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from edgeroute.bench.qos import Physics
+from edgeroute.bench.qos import Physics, recorded_serving
 from edgeroute.bench.qos_live import live_stream
 from edgeroute.bench.qos_replay import (
     Lateness,
     Replay,
     recorded_quality,
-    recorded_serving,
     replayed,
 )
 from edgeroute.qos.evaluate import BASELINES, evaluate
