@@ -91,9 +91,9 @@ class Lateness:
     ) -> list[list[Arrival]]:
         """The seed's stream once per draw (draw d from its own generator, so a seed's
         draws are the same in every run)."""
-        times = list(itertools.accumulate(gaps))
         if self.mean_ms == 0:
-            return [_arrivals(tasks, times)]
+            return [replayed(tasks, gaps)]
+        times = list(itertools.accumulate(gaps))
         streams = []
         for d in range(self.draws):
             rng = random.Random(f"lateness {seed} {d}")
