@@ -679,11 +679,14 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
     simulated), or None: an ignored option would let a results file claim a setting
     its run did not have."""
     changed = _fleet_changed(a)
+    if not a.predict and (a.send_late_ms or a.draws != 1):
+        return (
+            "--send-late-ms and --draws are for --live --predict: a live run's sends are "
+            "as late as they come (it records how late), and a simulated sweep sends none"
+        )
     if not a.live:
         if a.predict:
             return "--predict is for --live runs (it predicts one in the simulator)"
-        if a.send_late_ms or a.draws != 1:
-            return "--send-late-ms and --draws are for --live --predict (replayed sends)"
         live_only = (
             ("--rate", a.rate, "the simulation sweeps it"),
             ("--latency-ms", a.latency_ms, "the simulation sweeps it"),
@@ -703,11 +706,6 @@ def _ignored_by_mode(a: argparse.Namespace) -> str | None:
         + (["engine_hardware"] if a.engine_hardware else [])
         + changed
     )
-    if not a.predict and (a.send_late_ms or a.draws != 1):
-        return (
-            "--send-late-ms and --draws are for --live --predict: a live run's sends are "
-            "as late as they come (it records how late)"
-        )
     if simulated_only:
         flag = "--" + simulated_only[0].replace("_", "-")
         return (
