@@ -25,17 +25,16 @@ def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.predictor import DEFAULT_MODEL_DIR
     from policies.qos_drl import load
 
-    check_params(params, ("model", "latency_ms", "shed", "sample"))
+    flags = {"shed": True, "sample": False, "speed_prior": False}
+    check_params(params, ("model", "latency_ms", *flags))
     model = params.get("model")
-    shed, sample = params.get("shed", True), params.get("sample", False)
-    for name, flag in (("shed", shed), ("sample", sample)):
+    for name in flags:
+        flag = params.get(name, flags[name])
         if not isinstance(flag, bool):
             raise PluginError(f"qos_drl's {name} must be true or false, not {flag!r}")
+        flags[name] = flag
     return load(
-        Path(model) if model else DEFAULT_MODEL_DIR,
-        float(params.get("latency_ms", 30.0)),
-        shed,
-        sample,
+        Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)), **flags
     )
 
 

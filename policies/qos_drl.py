@@ -16,6 +16,12 @@ is the request's `entropy`'s, so the policy stays a function of its inputs. An a
 served by its argmax can herd every request onto the engine it currently ranks
 first, a way of acting it never trained in (docs/research.md, "Served by its argmax").
 
+With `speed_prior=True` a backend that has not finished a request yet is read as
+running at the mean speed of those that have (`qos_state.with_speed_prior`), where
+the features read its unmeasured speed as 0: with more engines than it trained on,
+an actor can leave most of them unmeasured and herd onto one (docs/research.md,
+"A prior for unmeasured engines").
+
 It needs onnxruntime, onnx (to join the graphs) and the committed model files, not
 PyTorch.
 """
@@ -53,6 +59,7 @@ from policies.qos_state import (
     FeatureCache,
     expert_columns,
     snapshot,
+    with_speed_prior,
 )
 from policies.scorers import mix64
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
@@ -69,11 +76,13 @@ class QoSDRL:
         predictor: ScorePredictor | None = None,
         shed: bool = True,
         sample: bool = False,
+        speed_prior: bool = False,
     ) -> None:
         """The actor in `model_dir`, with the predictor beside or above it
         (`predictor_dir`) unless one already loaded is given (one session per graph).
         `shed=False`: never drop, route to a backend. `sample`: draw the action from the
-        actor's distribution rather than take the most likely one."""
+        actor's distribution rather than take the most likely one. `speed_prior`: read an
+        unmeasured backend at the mean measured speed."""
         import onnxruntime as ort
 
         self.folder = model_dir
@@ -95,7 +104,7 @@ class QoSDRL:
         self._filters = Pipeline(
             "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
         )
-        self.shed, self.sample = shed, sample
+        self.shed, self.sample, self.speed_prior = shed, sample, speed_prior
         self._target(latency_ms)
         self._last: tuple[RequestInfo, ClusterView] | None = None
 
@@ -108,15 +117,21 @@ class QoSDRL:
             token_target=self.latency,
         )
 
-    def configured(self, latency_ms: float, shed: bool = True, sample: bool = False) -> QoSDRL:
-        """This policy for another latency target, shedding and way of acting,
-        sharing its ONNX sessions."""
+    def configured(
+        self,
+        latency_ms: float,
+        shed: bool = True,
+        sample: bool = False,
+        speed_prior: bool = False,
+    ) -> QoSDRL:
+        """This policy for another latency target, shedding, way of acting and reading
+        of unmeasured backends, sharing its ONNX sessions."""
         other = copy.copy(self)
         other._features = {}
         other._models = {}
         other._rows = {}
         other._last = None
-        other.shed, other.sample = shed, sample
+        other.shed, other.sample, other.speed_prior = shed, sample, speed_prior
         other._target(latency_ms)
         return other
 
@@ -181,7 +196,10 @@ class QoSDRL:
         self._last = (req, view)
         stale_after, features = view.stale_after, self._features
         rows = self._rows_of(candidates)
-        rows.update([snapshot(b, stale_after, features) for b in candidates], self.latency)
+        experts: Sequence[ExpertSnapshot] = [snapshot(b, stale_after, features) for b in candidates]
+        if self.speed_prior:
+            experts = with_speed_prior(experts)
+        rows.update(experts, self.latency)
         feeds: dict[str, Any] = {
             "ids": self.predictor.prompt_ids(req.prompt),
             "model": self._model_rows(candidates),
@@ -246,6 +264,7 @@ def load(
     latency_ms: float = 30.0,
     shed: bool = True,
     sample: bool = False,
+    speed_prior: bool = False,
 ) -> QoSDRL:
     """The policy in `model_dir`, sharing the ONNX sessions of any earlier load of the
     same files in this process: routes that differ only in their target, and
@@ -254,7 +273,7 @@ def load(
     folder = model_dir.resolve()
     predictor = load_predictor(predictor_dir(folder))
     shared = _loaded(folder, file_stamps(folder, ("actor.onnx",)), predictor)
-    return shared.configured(latency_ms, shed, sample)
+    return shared.configured(latency_ms, shed, sample, speed_prior)
 
 
 @functools.lru_cache(maxsize=LOADED_CAP)

@@ -20,7 +20,7 @@ waiting requests, padded to 5 each), with masks experts [N] and queues [N, 2, 5]
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -94,6 +94,19 @@ def progress_share(tokens: float, running: int, inflight: int) -> float:
     tell which of them ran, so every one of them is credited alike. The gateway and
     the simulator estimate progress alike."""
     return tokens / max(1, running, inflight)
+
+
+def with_speed_prior(experts: Sequence[ExpertSnapshot]) -> Sequence[ExpertSnapshot]:
+    """`experts` with each one whose seconds per token is not measured yet (0: it has
+    finished no request) taken at the mean of those measured; unchanged while none is.
+    An actor that reads an unmeasured engine as slow never sends it the request that
+    would measure it, and can herd onto the one it measured first (docs/research.md,
+    "A prior for unmeasured engines")."""
+    measured = [e.token_latency for e in experts if e.token_latency > 0]
+    if not measured or len(measured) == len(experts):
+        return experts
+    mean = sum(measured) / len(measured)
+    return [e if e.token_latency > 0 else replace(e, token_latency=mean) for e in experts]
 
 
 # An empty row: no request (presence 0), one token so far so that dividing by it is safe.

@@ -240,6 +240,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="serve the agent NAME (given with --model) with sample: true: it acts by a "
         "draw from its actor's distribution rather than its most likely action; repeatable",
     )
+    q.add_argument(
+        "--speed-prior",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="serve the agent NAME (given with --model) with speed_prior: true: a backend "
+        "that has finished no request yet is read at the mean speed of those that have; "
+        "repeatable",
+    )
     q.add_argument("--trace", help="Azure-format trace for the trace workload")
     q.add_argument(
         "--quality",
@@ -524,10 +533,19 @@ def _netkv(a: argparse.Namespace) -> None:
     main(a.quick, a.seed, a.json, a.trace, a.profile, a.seeds)
 
 
+def _serving(a: argparse.Namespace) -> dict[str, dict[str, bool]]:
+    """The agents' serving parameters from `--no-shed`, `--sample` and `--speed-prior`."""
+    from edgeroute.bench.qos import SERVING_FLAGS, serving_from
+
+    return serving_from(
+        {p: getattr(a, flag[2:].replace("-", "_")) for p, (flag, _) in SERVING_FLAGS.items()}
+    )
+
+
 def _qos(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from edgeroute.bench.qos import main, serving_from
+    from edgeroute.bench.qos import main
 
     models = dict(m.split("=", 1) for m in a.model)
     runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
@@ -549,7 +567,7 @@ def _qos(a: argparse.Namespace) -> None:
             quality=a.quality,
             scrape_ms=a.scrape_ms,
             max_batch=a.max_batch,
-            serving=serving_from(a.no_shed, a.sample),
+            serving=_serving(a),
             engines=a.engines,
             speedup=SPEEDUP if a.speedup is None else a.speedup,
         )
@@ -569,7 +587,7 @@ def _qos(a: argparse.Namespace) -> None:
         a.quality,
         a.scrape_ms,
         fleet_from(a),
-        serving_from(a.no_shed, a.sample),
+        _serving(a),
         hardware_from(a),
         n_seeds=a.seeds,
         physics=physics_from(a),

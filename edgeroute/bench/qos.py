@@ -19,7 +19,7 @@ import json
 import re
 import shlex
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -83,20 +83,25 @@ def trained_runs(quality: Quality = "routerbench") -> dict[str, list[Path]]:
 
 
 # qos_drl's serving parameters as flags that name an agent: the flag and the value it sets.
-SERVING_FLAGS = {"shed": ("--no-shed", False), "sample": ("--sample", True)}
+SERVING_FLAGS = {
+    "shed": ("--no-shed", False),
+    "sample": ("--sample", True),
+    "speed_prior": ("--speed-prior", True),
+}
 
 
-def serving_from(no_shed: list[str], sample: list[str]) -> Serving:
-    """The agents' serving parameters from `--no-shed` and `--sample`."""
+def serving_from(names: Mapping[str, Sequence[str]]) -> Serving:
+    """The agents' serving parameters from the agents each flag of SERVING_FLAGS
+    names, by parameter (`{"shed": <the names given to --no-shed>, ...}`)."""
     serving: Serving = {}
-    for names, param in ((no_shed, "shed"), (sample, "sample")):
-        for name in names:
+    for param, agents in names.items():
+        for name in agents:
             serving.setdefault(name, {})[param] = SERVING_FLAGS[param][1]
     return serving
 
 
 def recorded_serving(command: str) -> Serving:
-    """The agents' serving parameters (`--no-shed NAME`, `--sample NAME`) in a results
+    """The agents' serving parameters (`--no-shed NAME`, `--sample NAME`, ...) in a results
     file's command."""
     words = shlex.split(command)
     serving: Serving = {}
@@ -110,7 +115,7 @@ def recorded_serving(command: str) -> Serving:
 def refuse_other_serving(name: str, serving: Serving, quick: bool) -> None:
     """Refuse (SystemExit) a run whose results `name` would overwrite tracked results of
     the same agents served otherwise: results are named by their agents, not by how
-    they are served (`--sample`, `--no-shed`), so such a run names its agents apart
+    they are served (SERVING_FLAGS), so such a run names its agents apart
     (`NAME-drawn`). A quick run writes elsewhere and is not held to it."""
     path = output_dir(False) / f"{name}.json"
     if quick or not path.exists():
@@ -129,7 +134,7 @@ def refuse_other_serving(name: str, serving: Serving, quick: bool) -> None:
 def agents_named(
     base: str, models: dict[str, list[Path]], serving: Serving | None = None
 ) -> tuple[str, str]:
-    """The results' name and the command's `--model` (and `--no-shed`, `--sample`)
+    """The results' name and the command's `--model` (and SERVING_FLAGS')
     flags for agents given by hand: they get a file of their own
     (`<base>_<agent>...`), so that benchmarking other runs never overwrites the
     results of the committed ones. No agents given: `base`."""
@@ -144,7 +149,7 @@ def agents_named(
 
 
 def check_serving(models: dict[str, list[Path]], serving: Serving) -> None:
-    """`--no-shed` and `--sample` name agents given with `--model`."""
+    """The flags of SERVING_FLAGS name agents given with `--model`."""
     for param, (flag, _) in SERVING_FLAGS.items():
         unknown = sorted(k for k, v in serving.items() if param in v and k not in models)
         if unknown:
@@ -316,7 +321,8 @@ def main(
     metrics that far apart (`edgeroute.sim.edge.cluster_view`); by default, their exact
     state. `fleet`: how the experts are drawn (the paper's by default; give the one the
     agents trained on, `edgeroute train qos`'s same options). `serving`: agents served
-    with other parameters (`shed=False`: never drop; `sample=True`: act by a draw).
+    with other parameters (`shed=False`: never drop; `sample=True`: act by a draw;
+    `speed_prior=True`: read unmeasured experts at the mean measured speed).
     `hardware`: every point on hardware seed 0 (the default), environment seed k on
     the k-th held-out draw (`held-out`), or every point on the live run's engine
     profiles, N of them cycled (`engines`: one fleet no agent trained on, so that the

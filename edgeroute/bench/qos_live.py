@@ -436,7 +436,8 @@ def plan(
 ) -> LivePlan:
     """The live run these settings give (`main` runs it). `models` (none: the quality
     world's trained runs), `max_batch`, `engines` (None: six): see `run_policy`.
-    `serving`: agents served with other parameters (`shed: false`, `sample: true`)."""
+    `serving`: agents served with other parameters (`shed: false`, `sample: true`,
+    `speed_prior: true`)."""
     from edgeroute.bench.qos import check_serving, refuse_other_serving, trained_runs
 
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms

@@ -331,6 +331,13 @@ def test_without_shedding_the_policy_serves_what_its_actor_would_drop(
         json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"sample": 1}},
     )
     assert r.status_code == 400 and "sample must be true or false" in r.json()["error"]["message"]
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"speed_prior": "on"}},
+    )
+    assert r.status_code == 400
+    assert "speed_prior must be true or false" in r.json()["error"]["message"]
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(

@@ -307,3 +307,44 @@ def test_rows_kept_between_requests_decide_as_rows_built_anew() -> None:
         np.testing.assert_array_equal(kept[1], fresh[1])
         np.testing.assert_array_equal(kept[2], fresh[2])
     assert len(keeping._rows) >= 2  # sets of eight and of seven
+
+
+def test_a_speed_prior_reads_unmeasured_backends_at_the_mean_measured_speed() -> None:
+    """With `speed_prior` the actor sees a backend that has finished nothing yet as
+    running at the mean speed of those that have, and nothing else changes; while
+    none is measured, or all are, it sees what it sees without."""
+    import dataclasses
+
+    import numpy as np
+
+    from policies.qos_state import ExpertSnapshot, with_speed_prior
+    from policies.types import Decision, RequestInfo
+
+    plain = QoSDRL()
+    prior = plain.configured(30.0, speed_prior=True)
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+
+    def logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
+        scored = policy._scored(req, view)
+        assert not isinstance(scored, Decision)
+        return scored[2].copy()
+
+    def timed(view: ClusterView, seconds: tuple[float, ...]) -> ClusterView:
+        return dataclasses.replace(
+            view,
+            backends=tuple(
+                dataclasses.replace(b, token_latency=s)
+                for b, s in zip(view.backends, seconds, strict=True)
+            ),
+        )
+
+    cold = four_experts(plain)
+    half = timed(cold, (0.020, 0.040, 0.0, 0.0))
+    filled = timed(cold, (0.020, 0.040, 0.030, 0.030))
+    assert np.array_equal(logits(prior, half), logits(plain, filled))
+    assert not np.array_equal(logits(plain, half), logits(plain, filled))
+    warm = timed(cold, (0.020, 0.040, 0.030, 0.025))
+    for view in (cold, warm):
+        assert np.array_equal(logits(prior, view), logits(plain, view))
+    snaps = [ExpertSnapshot(0.0, np.zeros((2, 5, 9)), 0, 0, s) for s in (0.0, 0.0)]
+    assert with_speed_prior(snaps) is snaps  # nothing measured: nothing to go by

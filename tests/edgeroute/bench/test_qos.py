@@ -16,6 +16,7 @@ from edgeroute.bench.qos import (
     Sweep,
     agents_named,
     main,
+    recorded_serving,
     scrape_named,
     serving_from,
     variant_named,
@@ -32,20 +33,26 @@ def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
     )
     assert name == "qos_live_wide_my-run-"
     assert flags == " --model wide=a/full-s0,a/full-s1 --model my run!=b"
-    serving = serving_from(no_shed=["b"], sample=["a", "b"])
-    assert serving == {"b": {"shed": False, "sample": True}, "a": {"sample": True}}
+    serving = serving_from({"shed": ["b"], "sample": ["a", "b"], "speed_prior": ["a"]})
+    assert serving == {
+        "b": {"shed": False, "sample": True},
+        "a": {"sample": True, "speed_prior": True},
+    }
     _, flags = agents_named("qos", {"a": [Path("a")], "b": [Path("b")]}, serving)
-    assert flags == " --model a=a --model b=b --no-shed b --sample a --sample b"
+    assert flags == (" --model a=a --model b=b --no-shed b --sample a --sample b --speed-prior a")
+    assert recorded_serving(f"edgeroute bench qos{flags}") == serving
 
 
 def test_only_an_agent_given_by_hand_can_be_served_otherwise() -> None:
     from edgeroute.bench.qos import check_serving
 
-    check_serving({"a": [Path("a")]}, serving_from(["a"], ["a"]))
+    check_serving({"a": [Path("a")]}, serving_from({"shed": ["a"], "sample": ["a"]}))
     with pytest.raises(SystemExit, match="--no-shed b: no such agent"):
-        check_serving({"a": [Path("a")]}, serving_from(["b"], []))
+        check_serving({"a": [Path("a")]}, serving_from({"shed": ["b"]}))
     with pytest.raises(SystemExit, match="--sample b, c: no such agent"):
-        check_serving({"a": [Path("a")]}, serving_from(["a"], ["c", "b"]))
+        check_serving({"a": [Path("a")]}, serving_from({"shed": ["a"], "sample": ["c", "b"]}))
+    with pytest.raises(SystemExit, match="--speed-prior c: no such agent"):
+        check_serving({"a": [Path("a")]}, serving_from({"speed_prior": ["c"]}))
 
 
 def test_a_simulation_seen_through_scrapes_writes_results_of_its_own() -> None:

@@ -89,6 +89,42 @@ def test_the_committed_replay_is_what_this_code_gives() -> None:
         assert f"{skipped:.0%}" == rows[name]["prefill_skipped"]
 
 
+TWELVE = "qos_live_routerdc_engines-12_rate-10_seed-3461_last5-full_last5-dsa_last5-baseline"
+
+
+@needs_data("the RouterDC data")
+def test_a_speed_prior_spreads_an_agent_that_herded_onto_the_engine_it_measured_first() -> None:
+    """(94)'s herding, replayed: dsa's run s3 on (91)'s ninth seed (twelve engines,
+    lambda = 10), its requests sent about 10 ms late, sends most of them to one engine
+    and never measures most of the others. Read at the mean measured speed, they get
+    requests, and the episode's QoS rises."""
+    from collections import Counter
+
+    from edgeroute.qos.evaluate import served
+    from policies.qos_drl import load
+
+    live = _committed(TWELVE)["config"]
+    replay = Replay(live, Physics(1.02, prefix_cache=True), Lateness(10))
+    seed, run = live["seeds"][8], Path(__file__).parents[3] / live["models"]["last5-dsa"][3]
+    tasks, gaps = live_stream(replay.pool, seed, live["requests_per_seed"], live["rate"])
+    (stream,) = replay.lateness.streams(tasks, gaps, seed)
+    seen = {}
+    for prior in (False, True):
+        act = served(load(run, live["latency_ms"], speed_prior=prior))
+        picks: Counter[int] = Counter()
+
+        def counting(env: Any, i: int) -> int:
+            picks[action := act(env, i)] += 1
+            return action
+
+        env = replay.sweep.env(0, live["engines"], live["rate"], live["latency_ms"], stream=stream)
+        qos = evaluate(env, counting, [seed]).qos
+        seen[prior] = qos, max(picks.values()) / picks.total()
+    (herded, top), (spread, top_with_prior) = seen[False], seen[True]
+    assert top > 0.8 and top_with_prior < 0.65
+    assert spread > herded + 0.2
+
+
 def test_a_live_run_with_capped_batches_is_refused() -> None:
     with pytest.raises(ValueError, match="capped batch is not supported"):
         Replay({"max_batch": 5, "command": ""}, Physics())
