@@ -108,8 +108,9 @@ def test_a_speed_prior_spreads_an_agent_that_herded_onto_the_engine_it_measured_
     seed, run = live["seeds"][8], Path(__file__).parents[3] / live["models"]["last5-dsa"][3]
     tasks, gaps = live_stream(replay.pool, seed, live["requests_per_seed"], live["rate"])
     (stream,) = replay.lateness.streams(tasks, gaps, seed)
-    seen = {}
-    for prior in (False, True):
+
+    def episode(prior: bool) -> tuple[float, float]:
+        """The episode's QoS and the busiest engine's share of its requests."""
         act = served(load(run, live["latency_ms"], speed_prior=prior))
         picks: Counter[int] = Counter()
 
@@ -119,8 +120,9 @@ def test_a_speed_prior_spreads_an_agent_that_herded_onto_the_engine_it_measured_
 
         env = replay.sweep.env(0, live["engines"], live["rate"], live["latency_ms"], stream=stream)
         qos = evaluate(env, counting, [seed]).qos
-        seen[prior] = qos, max(picks.values()) / picks.total()
-    (herded, top), (spread, top_with_prior) = seen[False], seen[True]
+        return qos, max(picks.values()) / picks.total()
+
+    (herded, top), (spread, top_with_prior) = episode(False), episode(True)
     assert top > 0.8 and top_with_prior < 0.65
     assert spread > herded + 0.2
 
