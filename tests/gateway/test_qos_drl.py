@@ -338,6 +338,18 @@ def test_without_shedding_the_policy_serves_what_its_actor_would_drop(
     )
     assert r.status_code == 400
     assert "speed_prior must be true or false" in r.json()["error"]["message"]
+    # and a route that reads unmeasured backends at the mean measured speed serves
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={"policy": "qos_drl", "model": str(models["shed"]), "params": {"speed_prior": True}},
+    )
+    assert r.status_code == 200
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    assert r.status_code == 503 and "shed by the QoS policy" in r.json()["error"]["message"]
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(
