@@ -25,14 +25,13 @@ def _qos_drl(params: Mapping[str, Any]) -> Any:
     from policies.predictor import DEFAULT_MODEL_DIR
     from policies.qos_drl import load
 
-    flags = {"shed": True, "sample": False, "speed_prior": False}
-    check_params(params, ("model", "latency_ms", *flags))
+    defaults = {"shed": True, "sample": False, "speed_prior": False}
+    check_params(params, ("model", "latency_ms", *defaults))
     model = params.get("model")
-    for name in flags:
-        flag = params.get(name, flags[name])
+    flags = {name: params.get(name, default) for name, default in defaults.items()}
+    for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise PluginError(f"qos_drl's {name} must be true or false, not {flag!r}")
-        flags[name] = flag
     return load(
         Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)), **flags
     )
