@@ -423,3 +423,20 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
     for path in records:
         config = TrainConfig.from_record(read_record(path.parent)["config"])
         assert _trained(config.flags()) == config, path
+
+
+def test_every_serving_flag_reaches_the_live_runs_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench qos` reads each flag of SERVING_FLAGS by its own option (the CLI derives
+    the option's name from the flag), so an agent it names is served so live."""
+    import edgeroute.bench.qos_live
+    from edgeroute.bench.qos import SERVING_FLAGS
+
+    parser = build_parser()
+    seen: list[object] = []
+    monkeypatch.setattr(edgeroute.bench.qos_live, "main", lambda run, _: seen.append(run.serving))
+    argv = ["bench", "qos", "--live", "--quick", "--model", "a=x"]
+    for flag, _ in SERVING_FLAGS.values():
+        argv += [flag, "a"]
+    args = parser.parse_args(argv)
+    args.func(args)
+    assert seen == [{"a": {param: value for param, (_, value) in SERVING_FLAGS.items()}}]
