@@ -251,6 +251,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         fleet=fleet_from(args),
         scrape_ms=args.scrape_ms,
         drop=not args.no_drop,
+        speed_prior=args.speed_prior,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -577,6 +578,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train without the drop action, for engines that queue rather than refuse "
         "(the served actor then never sheds)",
+    )
+    q.add_argument(
+        "--speed-prior",
+        action="store_true",
+        help="the agent reads an expert that has finished no request at the mean measured "
+        "speed, and its actor is always served so",
     )
     q.add_argument(
         "--credit",

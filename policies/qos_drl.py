@@ -20,7 +20,8 @@ With `speed_prior=True` a backend that has not finished a request yet is read as
 running at the mean speed of those that have (`qos_state.with_speed_prior`), where
 the features read its unmeasured speed as 0: with more engines than it trained on,
 an actor can leave most of them unmeasured and herd onto one (docs/research.md,
-"A prior for unmeasured engines").
+"A prior for unmeasured engines"). An actor trained so (its graph's metadata says
+`speed_prior`) is always served so.
 
 It needs onnxruntime, onnx (to join the graphs) and the committed model files, not
 PyTorch.
@@ -50,7 +51,7 @@ from policies.predictor import (
     predictor_dir,
 )
 from policies.qos_action import drawn
-from policies.qos_graph import joined
+from policies.qos_graph import TRAINED_WITH_SPEED_PRIOR, joined
 from policies.qos_state import (
     F_EXPERT,
     F_REQ,
@@ -94,6 +95,9 @@ class QoSDRL:
             opts,
             providers=["CPUExecutionProvider"],
         )
+        meta = self._session.get_modelmeta().custom_metadata_map
+        # an actor trained with the prior is served with it, whatever the route says
+        self.trained_with_prior = meta.get(TRAINED_WITH_SPEED_PRIOR) == "true"
         inputs = {i.name for i in self._session.get_inputs()}
         self._scalars, self._queues = "scalars" in inputs, "packed" in inputs
         self._unknown = len(self.predictor.models)  # the model index of the mean of all
@@ -197,7 +201,7 @@ class QoSDRL:
         stale_after, features = view.stale_after, self._features
         rows = self._rows_of(candidates)
         experts: Sequence[ExpertSnapshot] = [snapshot(b, stale_after, features) for b in candidates]
-        if self.speed_prior:
+        if self.speed_prior or self.trained_with_prior:
             experts = with_speed_prior(experts)
         rows.update(experts, self.latency)
         feeds: dict[str, Any] = {

@@ -36,6 +36,9 @@ from policies.qos_state import F_EXPERT, F_REQ, PER_TOKEN_CAP, PREDICTION_COLUMN
 _PREDICTOR = "predictor/"  # the predictor's names, apart from the actor's
 # The arrays of `policies.qos_state.encode` a served actor may read: what the join feeds.
 SERVED_INPUTS = ("arrived", "experts", "queues", "queue_mask")
+# An actor's metadata key, "true" when it was trained reading unmeasured experts at the
+# mean measured speed (`qos_state.with_speed_prior`): it is then always served so.
+TRAINED_WITH_SPEED_PRIOR = "speed_prior"
 
 
 def joined(actor_path: Path, predictor_path: Path) -> bytes:
@@ -121,4 +124,5 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
     )
+    model.metadata_props.extend(actor.metadata_props)
     return bytes(model.SerializeToString())

@@ -184,6 +184,9 @@ class TrainConfig:
     # False: no drop action, for engines that queue rather than refuse (the agent is
     # served as with `shed: false`, and trained for it).
     drop: bool = True
+    # True: the agent reads an expert that has finished no request at the mean measured
+    # seconds per token (`policies.qos_state.with_speed_prior`), as it is then served.
+    speed_prior: bool = False
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16

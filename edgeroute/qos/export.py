@@ -22,7 +22,7 @@ import torch
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, head_membership
 from edgeroute.qos.onnx_graph import Graph, linear, parameters, weights
 from policies.onnx_nodes import BOOL, FLOAT
-from policies.qos_graph import SERVED_INPUTS
+from policies.qos_graph import SERVED_INPUTS, TRAINED_WITH_SPEED_PRIOR
 from policies.qos_state import F_EXPERT, F_REQ, INPUTS, QUEUE_CAP
 
 
@@ -283,10 +283,11 @@ def _head(g: Graph, w: dict[str, np.ndarray], arr: str, exp: str) -> str:
     return g.op("Concat", drop, per_expert, axis=1)
 
 
-def export_actor(actor: QoSNet, path: Path) -> None:
+def export_actor(actor: QoSNet, path: Path, speed_prior: bool = False) -> None:
     """The actor as the gateway serves it: inputs `SERVED_INPUTS` (a batch of states
     whose experts are all candidates; Baseline RL's reads the experts only), output
-    `logits` [B, 1 + N]."""
+    `logits` [B, 1 + N]. `speed_prior`: it was trained reading unmeasured experts at
+    the mean measured speed, and the graph says so, so that it is served so."""
     w = weights(actor)
     g = Graph()
     if "encoder.net.0.weight" in w:
@@ -309,6 +310,7 @@ def export_actor(actor: QoSNet, path: Path) -> None:
         {k: (FLOAT, shapes[k]) for k in used},
         {"logits": (_head(g, w, arr, exp), FLOAT, ["batch", "actions"])},
         w,
+        {TRAINED_WITH_SPEED_PRIOR: "true"} if speed_prior else None,
     )
 
 

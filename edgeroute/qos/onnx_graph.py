@@ -29,9 +29,11 @@ class Graph(Nodes):
         inputs: Mapping[str, tuple[int, Sequence[int | str]]],
         outputs: Mapping[str, tuple[str, int, Sequence[int | str]]],
         params: Mapping[str, np.ndarray],
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Write the graph: `inputs` {name: (element type, shape)}, `outputs` {name:
-        (the node output it is, element type, shape)}, and the module's `params`."""
+        (the node output it is, element type, shape)}, the module's `params`, and the
+        model's `metadata` (ONNX metadata_props)."""
         import onnx
         from onnx import helper, numpy_helper
 
@@ -60,6 +62,7 @@ class Graph(Nodes):
             )
         )
         model.training_info.append(info)
+        helper.set_model_props(model, dict(metadata or {}))
         onnx.checker.check_model(model)
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))

@@ -90,6 +90,7 @@ def make_env(
         predictor=predictor or training_predictor(cfg),
         impact=cfg.impact,  # type: ignore[arg-type]
         scrape=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000,
+        speed_prior=cfg.speed_prior,
     )
 
 
@@ -317,7 +318,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             )
     if cfg.keep == "best":
         sac.actor.load_state_dict(torch.load(out / "best_actor.pt"))
-    export_actor(sac.actor, out / "actor.onnx")
+    export_actor(sac.actor, out / "actor.onnx", cfg.speed_prior)
     diff = parity(sac.actor, out / "actor.onnx")
     shares = {k: round(v / max(1e-9, sum(spent.values())), 3) for k, v in spent.items()}
     result = {
@@ -362,7 +363,7 @@ def export_last(run: Path, out: Path) -> dict[str, object]:
     sac = SAC(cfg.sac(), experts=cfg.experts)
     sac.load_state_dict(state["sac"])
     out.mkdir(parents=True, exist_ok=True)
-    export_actor(sac.actor, out / "actor.onnx")
+    export_actor(sac.actor, out / "actor.onnx", cfg.speed_prior)
     record = {
         **read_record(run),
         **kept_last(state["step"], state["history"]),

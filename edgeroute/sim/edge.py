@@ -34,7 +34,13 @@ import numpy as np
 from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from edgeroute.sim.workload import TraceRequest
 from policies.prefix_cache import PrefixCache, skipped
-from policies.qos_state import encode, progress_share, snapshot, token_latency_mix
+from policies.qos_state import (
+    encode,
+    progress_share,
+    snapshot,
+    token_latency_mix,
+    with_speed_prior,
+)
 from policies.text import block_hashes
 from policies.types import BackendView, ClusterView, InflightRequest, RequestInfo
 from workers.profiles import EXPERTS, PROFILES
@@ -584,6 +590,7 @@ class EdgeEnv:
         impact: Impact = "reached",
         scrape: float | None = None,
         prefix_cache: bool = False,
+        speed_prior: bool = False,
     ) -> None:
         """`scrape`: the router sees the experts as the gateway does, scraping the
         engines' metrics every `scrape` seconds (see `cluster_view`); None: their exact
@@ -592,7 +599,9 @@ class EdgeEnv:
         Poisson arrivals at `rate`. `prefix_cache`: each expert keeps the emulated
         engine's prefix cache (`policies.prefix_cache`), so a prompt it has seen skips
         the prefill of its cached blocks; the impact's futures (`timeline`) charge
-        every prompt in full all the same."""
+        every prompt in full all the same. `speed_prior`: the router observes experts
+        that have finished no request at the mean measured speed
+        (`policies.qos_state.with_speed_prior`)."""
         if scrape is not None and not scrape > 0:
             raise ValueError(f"scrape must be > 0 s, not {scrape}")
         self.specs = experts
@@ -607,6 +616,7 @@ class EdgeEnv:
         self.predictor = predictor or NoisyOracle()
         self._arrivals_override = arrivals
         self.prefix_cache = prefix_cache
+        self.speed_prior = speed_prior
         self.reset(seed)
 
     @property
@@ -1053,4 +1063,6 @@ def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
     """The features the gateway's `qos_drl` would build from `cluster_view`."""
     _, view = cluster_view(env, env.decisions)
     experts = [snapshot(b, view.stale_after) for b in view.backends]
+    if env.speed_prior:
+        experts = list(with_speed_prior(experts))
     return encode(env.task.prompt_tokens, env.preds, experts, env.L, env.now, n_max)
