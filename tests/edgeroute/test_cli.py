@@ -440,3 +440,22 @@ def test_every_serving_flag_reaches_the_live_runs_plan(monkeypatch: pytest.Monke
     args = parser.parse_args(argv)
     args.func(args)
     assert seen == [{"a": {param: value for param, (_, value) in SERVING_FLAGS.items()}}]
+
+
+def test_the_speed_prior_reaches_the_training_environments_and_the_record() -> None:
+    from edgeroute.cli import train_config
+    from edgeroute.qos.config import TrainConfig
+    from edgeroute.qos.train import experts_for, make_env
+    from edgeroute.sim.edge import NoisyOracle, Task
+
+    parser = build_parser()
+    assert train_config(parser.parse_args(["train", "qos"])).speed_prior is False
+    cfg = train_config(parser.parse_args(["train", "qos", "--speed-prior"]))
+    assert cfg.speed_prior is True and cfg.flags() == " --speed-prior"
+    assert train_config(parser.parse_args(["train", "qos", *cfg.flags().split()])) == cfg
+    models = {e.model for e in experts_for(cfg, 0)}
+    tasks = [Task("p", 100, dict.fromkeys(models, 1.0), dict.fromkeys(models, 10))]
+    env = make_env(cfg, Path("unused"), predictor=NoisyOracle(), tasks=tasks)
+    assert env.speed_prior is True
+    # records from before the setting had it off
+    assert TrainConfig.from_record({"variant": "full"}).speed_prior is False

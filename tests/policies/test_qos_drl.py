@@ -348,3 +348,51 @@ def test_a_speed_prior_reads_unmeasured_backends_at_the_mean_measured_speed() ->
         assert np.array_equal(logits(prior, view), logits(plain, view))
     snaps = [ExpertSnapshot(0.0, np.zeros((2, 5, 9)), 0, 0, s) for s in (0.0, 0.0)]
     assert with_speed_prior(snaps) is snaps  # nothing measured: nothing to go by
+
+
+def test_an_actor_trained_with_the_prior_is_always_served_with_it(tmp_path: Path) -> None:
+    """The exported graph of an agent trained with `speed_prior` says so, and the policy
+    then reads unmeasured backends at the mean whatever its route's `speed_prior`; the
+    same weights exported plainly are served plainly."""
+    import dataclasses
+
+    import numpy as np
+
+    from edgeroute.qos.config import read_record
+    from edgeroute.qos.export import export_actor, load_actor
+    from policies.types import Decision, RequestInfo
+
+    run = DEFAULT_MODEL_DIR / "runs" / "full-s3"
+    actor = load_actor(run / "actor.onnx", read_record(run)["config"])
+    for name, prior in (("trained", True), ("plain", False)):
+        (tmp_path / name).mkdir()
+        export_actor(actor, tmp_path / name / "actor.onnx", speed_prior=prior)
+    shipped = QoSDRL()
+    trained = QoSDRL(tmp_path / "trained", predictor=shipped.predictor)
+    plain = QoSDRL(tmp_path / "plain", predictor=shipped.predictor)
+    assert trained.trained_with_prior and not plain.trained_with_prior
+    assert not shipped.trained_with_prior
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+
+    def logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
+        scored = policy._scored(req, view)
+        assert not isinstance(scored, Decision)
+        return scored[2].copy()
+
+    def timed(seconds: tuple[float, ...]) -> ClusterView:
+        view = four_experts(shipped)
+        return dataclasses.replace(
+            view,
+            backends=tuple(
+                dataclasses.replace(b, token_latency=s)
+                for b, s in zip(view.backends, seconds, strict=True)
+            ),
+        )
+
+    half, filled = timed((0.020, 0.040, 0.0, 0.0)), timed((0.020, 0.040, 0.030, 0.030))
+    assert not np.array_equal(logits(plain, half), logits(plain, filled))
+    for served in (trained, trained.configured(30.0, speed_prior=False)):
+        assert np.array_equal(logits(served, half), logits(plain, filled))
+    assert np.array_equal(
+        logits(plain.configured(30.0, speed_prior=True), half), logits(plain, filled)
+    )

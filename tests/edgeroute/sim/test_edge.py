@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from edgeroute.sim.edge import (
@@ -318,3 +319,33 @@ def test_a_fleet_built_in_code_is_held_to_the_range_rule() -> None:
     with pytest.raises(ValueError, match="above 0"):
         Fleet(hardware_ms=(0.0, 10.0))
     assert Fleet(hardware_ms=(25.0, 25.0)).hardware_ms == (25.0, 25.0)
+
+
+def test_an_agent_trained_with_the_prior_reads_unmeasured_experts_at_the_mean() -> None:
+    """`speed_prior`: an expert that has finished no request is observed at the mean
+    seconds per token of those that have, and nothing else of the state changes."""
+    fast = EdgeExpert(MODEL, base=0.01, k1=0.0001, k2=0.00001, memory_tokens=10_000)
+    slow = EdgeExpert(MODEL, base=0.03, k1=0.0001, k2=0.00001, memory_tokens=10_000)
+    times = [0.1 * i for i in range(1, 40)]
+
+    def env(prior: bool) -> EdgeEnv:
+        return EdgeEnv(
+            [fast, slow, fast],
+            [task(50, 5)],
+            arrivals=[Arrival(t) for t in times],
+            predictor=NoisyOracle(1.0, 1.0),
+            speed_prior=prior,
+        )
+
+    plain, prior = env(False), env(True)
+    for action in (1, 2, 1, 2, 1, 2):  # expert 3 is never sent anything
+        plain.step(action)
+        prior.step(action)
+    seen, read = plain.observe(), prior.observe()
+    column = 5  # seconds per token / L (`policies.qos_state.expert_columns`)
+    measured = seen["experts"][:2, column]
+    assert measured.min() > 0 and seen["experts"][2, column] == 0
+    assert read["experts"][2, column] == pytest.approx(measured.mean())
+    read["experts"][2, column] = 0.0
+    for name, array in seen.items():
+        np.testing.assert_array_equal(read[name], array)
