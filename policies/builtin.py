@@ -32,9 +32,15 @@ def _qos_drl(params: Mapping[str, Any]) -> Any:
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise PluginError(f"qos_drl's {name} must be true or false, not {flag!r}")
-    return load(
+    policy = load(
         Path(model) if model else DEFAULT_MODEL_DIR, float(params.get("latency_ms", 30.0)), **flags
     )
+    if params.get("speed_prior") is False and policy.trained_with_prior:
+        raise PluginError(
+            "qos_drl's model was trained with speed_prior and is always served with it: "
+            "speed_prior: false cannot be honoured"
+        )
+    return policy
 
 
 def _predicted_quality(params: Mapping[str, Any]) -> Any:

@@ -108,7 +108,8 @@ class QoSDRL:
         self._filters = Pipeline(
             "qos_drl filters", (Healthy(), ServesModel(), Role()), (), Argmax()
         )
-        self.shed, self.sample, self.speed_prior = shed, sample, speed_prior
+        self.shed, self.sample = shed, sample
+        self.speed_prior = speed_prior or self.trained_with_prior
         self._target(latency_ms)
         self._last: tuple[RequestInfo, ClusterView] | None = None
 
@@ -135,7 +136,8 @@ class QoSDRL:
         other._models = {}
         other._rows = {}
         other._last = None
-        other.shed, other.sample, other.speed_prior = shed, sample, speed_prior
+        other.shed, other.sample = shed, sample
+        other.speed_prior = speed_prior or self.trained_with_prior
         other._target(latency_ms)
         return other
 
@@ -201,7 +203,7 @@ class QoSDRL:
         stale_after, features = view.stale_after, self._features
         rows = self._rows_of(candidates)
         experts: Sequence[ExpertSnapshot] = [snapshot(b, stale_after, features) for b in candidates]
-        if self.speed_prior or self.trained_with_prior:
+        if self.speed_prior:
             experts = with_speed_prior(experts)
         rows.update(experts, self.latency)
         feeds: dict[str, Any] = {

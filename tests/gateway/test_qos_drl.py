@@ -34,7 +34,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     base = tmp_path_factory.mktemp("qos")
     train_predictor(DATA_DIR, "bow", epochs=1, out=base / "predictor")
     dirs = {}
-    for name, bias in (("route", -100.0), ("shed", 100.0), ("even", -100.0)):
+    for name, bias in (("route", -100.0), ("shed", 100.0), ("even", -100.0), ("prior", -100.0)):
         torch.manual_seed(0)
         net = QoSNet()
         with torch.no_grad():
@@ -44,7 +44,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
             if name == "even":  # every backend's logit the same, whatever it sees
                 expert.weight.zero_()
         d = base / name
-        export_actor(net, d / "actor.onnx")
+        export_actor(net, d / "actor.onnx", speed_prior=name == "prior")
         for f in ("predictor.onnx", "predictor.json"):
             (d / f).write_bytes((base / "predictor" / f).read_bytes())
         dirs[name] = d
@@ -350,6 +350,33 @@ def test_without_shedding_the_policy_serves_what_its_actor_would_drop(
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
     assert r.status_code == 503 and "shed by the QoS policy" in r.json()["error"]["message"]
+
+
+def test_an_actor_trained_with_the_prior_is_not_served_without_it(
+    start_worker: Start, start_gateway: Start, models: dict[str, Path]
+) -> None:
+    """A route cannot switch off the prior its actor was trained with: it would serve
+    the actor features it never saw. Left unsaid, or said, the prior is on."""
+    url, gw = start(start_worker, start_gateway, models["route"])
+    spec = {"policy": "qos_drl", "model": str(models["prior"])}
+    r = httpx.put(
+        url + "/admin/routing/default",
+        headers=TOKEN,
+        json={**spec, "params": {"speed_prior": False}},
+    )
+    assert r.status_code == 400
+    assert "trained with speed_prior" in r.json()["error"]["message"]
+    assert gw.routing.default.model == str(models["route"])
+    for params in ({}, {"speed_prior": True}):
+        r = httpx.put(
+            url + "/admin/routing/default", headers=TOKEN, json={**spec, "params": params}
+        )
+        assert r.status_code == 200
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
 
 
 def test_a_learned_policy_without_its_model_files_is_refused(

@@ -372,6 +372,8 @@ def test_an_actor_trained_with_the_prior_is_always_served_with_it(tmp_path: Path
     plain = QoSDRL(tmp_path / "plain", predictor=shipped.predictor)
     assert trained.trained_with_prior and not plain.trained_with_prior
     assert not shipped.trained_with_prior
+    assert trained.speed_prior and trained.configured(30.0, speed_prior=False).speed_prior
+    assert not plain.speed_prior
     req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
 
     def logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
