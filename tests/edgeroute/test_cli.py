@@ -390,6 +390,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         fleet=Fleet(hardware_ms=(5.0, 9.0), running_cap=7, waiting_cap=9, memory_tokens=999),
         scrape_ms=500.0,
         drop=False,
+        speed_prior=True,
         steps=1000,
         warmup=100,
         envs=4,
