@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from policies.predictor import DEFAULT_MODEL_DIR, DEFAULT_PREDICTOR_DIR, MODEL_ROOT, ScorePredictor
@@ -309,43 +310,45 @@ def test_rows_kept_between_requests_decide_as_rows_built_anew() -> None:
     assert len(keeping._rows) >= 2  # sets of eight and of seven
 
 
+def prior_logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
+    """The actor's logits for one prompt at t = 1 s (the speed prior's tests)."""
+    from policies.types import Decision, RequestInfo
+
+    scored = policy._scored(RequestInfo("m", 300, prompt="Sort a list.", now=1.0), view)
+    assert not isinstance(scored, Decision)
+    return scored[2].copy()
+
+
+def timed(view: ClusterView, seconds: tuple[float, ...]) -> ClusterView:
+    """`view` with each backend's measured seconds per token (0: none yet)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        view,
+        backends=tuple(
+            dataclasses.replace(b, token_latency=s)
+            for b, s in zip(view.backends, seconds, strict=True)
+        ),
+    )
+
+
 def test_a_speed_prior_reads_unmeasured_backends_at_the_mean_measured_speed() -> None:
     """With `speed_prior` the actor sees a backend that has finished nothing yet as
     running at the mean speed of those that have, and nothing else changes; while
     none is measured, or all are, it sees what it sees without."""
-    import dataclasses
-
-    import numpy as np
-
     from policies.qos_state import ExpertSnapshot, with_speed_prior
-    from policies.types import Decision, RequestInfo
 
     plain = QoSDRL()
     prior = plain.configured(30.0, speed_prior=True)
-    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
-
-    def logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
-        scored = policy._scored(req, view)
-        assert not isinstance(scored, Decision)
-        return scored[2].copy()
-
-    def timed(view: ClusterView, seconds: tuple[float, ...]) -> ClusterView:
-        return dataclasses.replace(
-            view,
-            backends=tuple(
-                dataclasses.replace(b, token_latency=s)
-                for b, s in zip(view.backends, seconds, strict=True)
-            ),
-        )
 
     cold = four_experts(plain)
     half = timed(cold, (0.020, 0.040, 0.0, 0.0))
     filled = timed(cold, (0.020, 0.040, 0.030, 0.030))
-    assert np.array_equal(logits(prior, half), logits(plain, filled))
-    assert not np.array_equal(logits(plain, half), logits(plain, filled))
+    assert np.array_equal(prior_logits(prior, half), prior_logits(plain, filled))
+    assert not np.array_equal(prior_logits(plain, half), prior_logits(plain, filled))
     warm = timed(cold, (0.020, 0.040, 0.030, 0.025))
     for view in (cold, warm):
-        assert np.array_equal(logits(prior, view), logits(plain, view))
+        assert np.array_equal(prior_logits(prior, view), prior_logits(plain, view))
     snaps = [ExpertSnapshot(0.0, np.zeros((2, 5, 9)), 0, 0, s) for s in (0.0, 0.0)]
     assert with_speed_prior(snaps) is snaps  # nothing measured: nothing to go by
 
@@ -354,13 +357,8 @@ def test_an_actor_trained_with_the_prior_is_always_served_with_it(tmp_path: Path
     """The exported graph of an agent trained with `speed_prior` says so, and the policy
     then reads unmeasured backends at the mean whatever its route's `speed_prior`; the
     same weights exported plainly are served plainly."""
-    import dataclasses
-
-    import numpy as np
-
     from edgeroute.qos.config import read_record
     from edgeroute.qos.export import export_actor, load_actor
-    from policies.types import Decision, RequestInfo
 
     run = DEFAULT_MODEL_DIR / "runs" / "full-s3"
     actor = load_actor(run / "actor.onnx", read_record(run)["config"])
@@ -374,27 +372,11 @@ def test_an_actor_trained_with_the_prior_is_always_served_with_it(tmp_path: Path
     assert not shipped.trained_with_prior
     assert trained.speed_prior and trained.configured(30.0, speed_prior=False).speed_prior
     assert not plain.speed_prior
-    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
-
-    def logits(policy: QoSDRL, view: ClusterView) -> np.ndarray:
-        scored = policy._scored(req, view)
-        assert not isinstance(scored, Decision)
-        return scored[2].copy()
-
-    def timed(seconds: tuple[float, ...]) -> ClusterView:
-        view = four_experts(shipped)
-        return dataclasses.replace(
-            view,
-            backends=tuple(
-                dataclasses.replace(b, token_latency=s)
-                for b, s in zip(view.backends, seconds, strict=True)
-            ),
-        )
-
-    half, filled = timed((0.020, 0.040, 0.0, 0.0)), timed((0.020, 0.040, 0.030, 0.030))
-    assert not np.array_equal(logits(plain, half), logits(plain, filled))
+    cold = four_experts(shipped)
+    half, filled = timed(cold, (0.020, 0.040, 0.0, 0.0)), timed(cold, (0.020, 0.040, 0.030, 0.030))
+    assert not np.array_equal(prior_logits(plain, half), prior_logits(plain, filled))
     for served in (trained, trained.configured(30.0, speed_prior=False)):
-        assert np.array_equal(logits(served, half), logits(plain, filled))
+        assert np.array_equal(prior_logits(served, half), prior_logits(plain, filled))
     assert np.array_equal(
-        logits(plain.configured(30.0, speed_prior=True), half), logits(plain, filled)
+        prior_logits(plain.configured(30.0, speed_prior=True), half), prior_logits(plain, filled)
     )
