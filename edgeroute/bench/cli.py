@@ -365,6 +365,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="A,B",
         help="A minus B seed by seed, repeatable; default: the first agent minus each other",
     )
+    pd.add_argument(
+        "--runs",
+        action="store_true",
+        help="count the agents' training runs as well as the seeds (a simulated run's "
+        "per-run figures): would training both again keep the difference?",
+    )
     pd.add_argument("--json", help="also write the table as JSON here")
     pd.set_defaults(func=lambda a: _qos_paired(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
@@ -765,7 +771,7 @@ def _qos_paired(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_paired import NotPaired, main
 
     try:
-        main(a.run, a.pair, a.json)
+        main(a.run, a.pair, a.json, a.runs)
     except NotPaired as exc:
         raise SystemExit(f"edgeroute bench qos-paired: {exc}") from None
 

@@ -27,7 +27,14 @@ from typing import Any, Literal
 import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
-from edgeroute.bench.stats import interval, paired_each, shown
+from edgeroute.bench.stats import (
+    crossed_interval,
+    crossed_paired_shown,
+    crossed_shown,
+    interval,
+    paired_each,
+    shown,
+)
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -436,25 +443,18 @@ def main(
                 }
             )
         here = [r for r in rows if r["setting"] == label]
-        best = max(
-            (r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"]
-        )
+        best = judge(here)
         agents = [r for r in here if r["agent"]]
-        for r in agents:
-            r["against_best"] = verdict(r["per_seed_qos"], best["per_seed_qos"])
-        if len(agents) > 1:  # the first agent against the best of the other agents
-            rival = max(agents[1:], key=lambda r: r["qos"])
-            agents[0]["against_agents"] = (
-                f"{verdict(agents[0]['per_seed_qos'], rival['per_seed_qos'])} ({rival['policy']})"
-            )
-            agents[0]["paired_minus_agents"] = paired_each(
-                agents[0]["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in agents[1:]}
-            )
         print(
             f"  {label:<18} best baseline: {best['policy']} ({best['qos_ci']}); "
-            + ", ".join(f"{r['policy']}: {r['qos_ci']} {r['against_best']}" for r in agents)
+            + ", ".join(
+                f"{r['policy']}: {r['qos_ci']} {r['against_best']} "
+                f"(counting runs {r['qos_ci_runs']} {r['against_best_runs']})"
+                for r in agents
+            )
             + (
-                f"; first agent against the others: {agents[0]['against_agents']}"
+                f"; first agent against the others: {agents[0]['against_agents']} "
+                f"(counting runs {agents[0]['against_agents_runs']})"
                 if len(agents) > 1
                 else ""
             ),
@@ -510,6 +510,10 @@ def main(
         "heuristic's; `against_agents`: the first agent's against the best other agent's "
         "(the issue's test); `paired_minus_agents`: the first agent minus each other "
         "agent seed by seed, a test the same worlds make sharper, given beside it. "
+        "The `_runs` columns are the same, counting the agents' training runs as a second "
+        "source of spread beside the environment seeds (`edgeroute.bench.stats."
+        "crossed_interval`): whether training the agents again would give the verdict, "
+        "not only these runs. "
         "`SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
         "perfect predictions, against `SQF+predicted` with the served ones."
@@ -549,6 +553,10 @@ def main(
             "against_best",
             "against_agents",
             "paired_minus_agents",
+            "qos_ci_runs",
+            "against_best_runs",
+            "against_agents_runs",
+            "paired_minus_agents_runs",
         ],
         json_path,
         notes="\n\n".join(notes),
@@ -557,14 +565,51 @@ def main(
     plot(rows, output_dir(quick) / f"{result_name}.png")
 
 
-def verdict(agent: list[float], best: list[float]) -> str:
-    """`wins` or `loses` when the two 95% intervals do not overlap, else `tie`."""
-    (a, ha), (b, hb) = interval(agent), interval(best)
+def verdict(agent: tuple[float, float], best: tuple[float, float]) -> str:
+    """`wins` or `loses` when the two 95% intervals (mean, half-width) do not overlap,
+    else `tie`."""
+    (a, ha), (b, hb) = agent, best
     if a - ha > b + hb:
         return "wins"
     if a + ha < b - hb:
         return "loses"
     return "tie"
+
+
+def judge(here: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdicts of one setting's rows, set on them: every agent against the best
+    heuristic (`against_best`) and the first agent against the best other agent
+    (`against_agents`, the issue's test) with the first agent's paired differences
+    (`paired_minus_agents`); each once with intervals over the environment seeds and
+    once counting the agents' training runs too (`..._runs`, `stats.crossed_interval`).
+    Returns the best heuristic's row. Rows need `per_seed_qos` and `per_run_qos`."""
+    for r in here:
+        r["qos_ci_runs"] = crossed_shown(r["per_run_qos"])
+    best = max((r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"])
+    best_ci = interval(best["per_seed_qos"])
+    agents = [r for r in here if r["agent"]]
+    for r in agents:
+        r["against_best"] = verdict(interval(r["per_seed_qos"]), best_ci)
+        r["against_best_runs"] = verdict(crossed_interval(r["per_run_qos"]), best_ci)
+    if len(agents) > 1:
+        first, others = agents[0], agents[1:]
+        rival = max(others, key=lambda r: r["qos"])
+        first["against_agents"] = (
+            f"{verdict(interval(first['per_seed_qos']), interval(rival['per_seed_qos']))} "
+            f"({rival['policy']})"
+        )
+        first["against_agents_runs"] = (
+            f"{verdict(crossed_interval(first['per_run_qos']), crossed_interval(rival['per_run_qos']))} "
+            f"({rival['policy']})"
+        )
+        first["paired_minus_agents"] = paired_each(
+            first["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in others}
+        )
+        first["paired_minus_agents_runs"] = "; ".join(
+            f"{r['policy']}: {crossed_paired_shown(first['per_run_qos'], r['per_run_qos'])}"
+            for r in others
+        )
+    return best
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.stats import paired_interval
+from edgeroute.bench.stats import crossed_paired_interval, paired_interval
 from edgeroute.results_io import table
 
 _RUNS = re.compile(r" \(\d+ seeds\)$")  # `bench qos` names an agent of k runs "name (k seeds)"
@@ -31,11 +31,19 @@ def policy_name(row: dict[str, Any]) -> str:
     return _RUNS.sub("", row["policy"])
 
 
-def settings(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """Each setting's policies' QoS per environment seed, in the run's order."""
-    out: dict[str, dict[str, list[float]]] = {}
+def settings(
+    results: Sequence[dict[str, Any]], field: str = "per_seed_qos"
+) -> dict[str, dict[str, Any]]:
+    """Each setting's policies' `field` (QoS per environment seed, or per training run
+    and seed), in the run's order."""
+    out: dict[str, dict[str, Any]] = {}
     for row in results:
-        out.setdefault(row.get("setting") or LIVE, {})[policy_name(row)] = row["per_seed_qos"]
+        if field not in row:
+            raise NotPaired(
+                f"{policy_name(row)} has no {field}: only a simulated `bench qos` run keeps "
+                "each training run's figures (a live run measures one run per seed)"
+            )
+        out.setdefault(row.get("setting") or LIVE, {})[policy_name(row)] = row[field]
     return out
 
 
@@ -45,15 +53,19 @@ def default_pairs(payload: dict[str, Any]) -> list[tuple[str, str]]:
     return [(agents[0], other) for other in agents[1:]]
 
 
-def paired_rows(payload: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+def paired_rows(
+    payload: dict[str, Any], pairs: Sequence[tuple[str, str]], runs: bool = False
+) -> list[dict[str, Any]]:
     """One row per setting: each pair's mean difference seed by seed with its 95%
     interval, how many seeds the first was above on, and whether the interval is
-    `above` 0, `below` it or holds it (`tie`). Raises NotPaired for a name the
-    run does not have or pairs of unequal seeds."""
+    `above` 0, `below` it or holds it (`tie`); with `runs`, the interval counts the
+    training runs too and the seeds above are left out. Raises NotPaired for a name
+    the run does not have, pairs of unequal seeds, or `runs` on a run without them."""
     if not pairs:
         raise NotPaired("no pairs: the run has fewer than two agents; name them with --pair")
     rows = []
-    for setting, qos in settings(payload["results"]).items():
+    figures = settings(payload["results"], "per_run_qos" if runs else "per_seed_qos")
+    for setting, qos in figures.items():
         row: dict[str, Any] = {"setting": setting}
         for a, b in pairs:
             for name in (a, b):
@@ -61,6 +73,12 @@ def paired_rows(payload: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> li
                     raise NotPaired(
                         f"no policy {name!r} at {setting}; the run has {', '.join(qos)}"
                     )
+            if runs:
+                if len(qos[a][0]) != len(qos[b][0]):
+                    raise NotPaired(f"{a} and {b} have different seeds at {setting}")
+                mean, half = crossed_paired_interval(qos[a], qos[b])
+                row[f"{a} - {b}"] = f"{mean:+.3f} ± {half:.3f} {_apart(mean, half)}"
+                continue
             if len(qos[a]) != len(qos[b]):
                 raise NotPaired(f"{a} and {b} have different seeds at {setting}")
             mean, half, above = paired_interval(qos[a], qos[b])
@@ -80,17 +98,27 @@ def _apart(mean: float, half: float) -> str:
     return "tie"
 
 
-def main(file: Path, pairs: Sequence[tuple[str, str]], json_path: str | None) -> None:
+def main(
+    file: Path, pairs: Sequence[tuple[str, str]], json_path: str | None, runs: bool = False
+) -> None:
     payload = json.loads(file.read_text())
     pairs = list(pairs) or default_pairs(payload)
-    rows = paired_rows(payload, pairs)
+    rows = paired_rows(payload, pairs, runs)
     columns = ["setting", *(f"{a} - {b}" for a, b in pairs)]
+    counted = (
+        "mean ± 95% half-width counting the training runs"
+        if runs
+        else "mean ± 95% half-width, seeds above"
+    )
     print(
         f"{payload['benchmark']}: paired over seeds {payload['config']['seeds'][0]}-"
-        f"{payload['config']['seeds'][-1]} (mean ± 95% half-width, seeds above)\n"
+        f"{payload['config']['seeds'][-1]} ({counted})\n"
     )
     print(table(rows, columns))
     if json_path:
         Path(json_path).write_text(
-            json.dumps({"benchmark": payload["benchmark"], "pairs": pairs, "rows": rows}, indent=1)
+            json.dumps(
+                {"benchmark": payload["benchmark"], "pairs": pairs, "runs": runs, "rows": rows},
+                indent=1,
+            )
         )

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ from edgeroute.bench.qos import (
     Physics,
     Sweep,
     agents_named,
+    judge,
     main,
     recorded_serving,
     scrape_named,
     serving_from,
     variant_named,
 )
+from edgeroute.bench.stats import shown
 from edgeroute.sim.edge import EdgeEnv
 from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data, write_trace
@@ -214,6 +217,47 @@ def test_an_agents_training_runs_on_one_environment_seed_are_one_sample(tmp_path
     assert thrice["qos_ci"] == alone["qos_ci"]
     assert thrice["paired_minus_agents"].startswith("copy: ")
     assert thrice["paired_minus_agents"].endswith(" of 2)")
+    # Three equal runs do not spread: counting them changes nothing.
+    assert thrice["qos_ci_runs"] == thrice["qos_ci"]
+    name, shown = thrice["paired_minus_agents_runs"].split(": ")
+    assert name == "copy"
+    assert all(abs(float(x)) < 1e-12 for x in shown.split(" ± "))  # 0 but for rounding
+
+
+def row(policy: str, per_run: list[list[float]], agent: bool = True) -> dict[str, Any]:
+    """A `bench qos` result row as `main` writes it, from its per-run figures."""
+    per_seed = [statistics.fmean(c) for c in zip(*per_run, strict=True)]
+    return {
+        "policy": policy,
+        "agent": agent,
+        "reference": False,
+        "qos": statistics.fmean(per_seed),
+        "qos_ci": shown(per_seed),
+        "per_seed_qos": per_seed,
+        "per_run_qos": per_run,
+    }
+
+
+def test_an_agent_whose_runs_disagree_wins_over_the_seeds_but_not_counting_the_runs() -> None:
+    """Four runs, two far ahead and two near the rival: averaged on each seed the agent
+    is apart above it; counting its runs as samples of training it is not."""
+    seeds = [0.40, 0.41, 0.39, 0.40, 0.42, 0.38]
+    lucky, plain = [x + 0.06 for x in seeds], [x + 0.01 for x in seeds]
+    here = [
+        row("SQF", [[x - 0.2 for x in seeds]], agent=False),
+        row("full (4 seeds)", [lucky, plain, lucky, plain]),
+        row("dsa (2 seeds)", [seeds, [x + 0.002 for x in seeds]]),
+    ]
+    best = judge(here)
+    full, dsa = here[1], here[2]
+    assert best["policy"] == "SQF"
+    assert full["against_best"] == full["against_best_runs"] == "wins"
+    assert full["against_agents"] == "wins (dsa (2 seeds))"
+    assert full["against_agents_runs"] == "tie (dsa (2 seeds))"
+    assert full["paired_minus_agents"].startswith("dsa (2 seeds): 0.034 ± ")
+    assert full["paired_minus_agents_runs"].startswith("dsa (2 seeds): 0.034 ± ")
+    assert full["qos_ci_runs"] != full["qos_ci"]
+    assert "against_agents" not in dsa
 
 
 @needs_data("the RouterDC data")

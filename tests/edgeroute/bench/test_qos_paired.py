@@ -16,6 +16,11 @@ from edgeroute.results_io import RESULTS
 
 # (41) of docs/research.md: the engines' fleet, 30 seeds.
 SWEEP = "qos_routerdc_scrape-1000ms_engine-hw_seeds-30_rel-sh-full_rel-full_rel-dsa"
+# (104): the engines' fleet, 60 seeds, five training runs per agent.
+PRIOR_SWEEP = (
+    "qos_routerdc_scrape-1000ms_engine-hw_seed-1001_seeds-60_tp5-full_tp5-dsa_tp5-baseline"
+    "_last5-full-sp_last5-dsa-sp_last5-baseline-sp_last5-full"
+)
 # (39): live at L = 25 ms, 20 seeds.
 LIVE_RUN = "qos_live_routerdc_L-25ms_seed-2801_rel-full_rel-dsa_ep-baseline"
 
@@ -64,6 +69,26 @@ def test_a_live_run_is_one_setting() -> None:
     assert rows[0]["rel-full - rel-dsa"] == "+0.057 ± 0.008 (20 of 20) above"
 
 
+def test_counting_the_training_runs_the_seeds_verdicts_become_ties() -> None:
+    """Five runs per agent: over the 60 seeds alone the full agent is paired above dsa at
+    L = 25 ms and below it at lambda = 3; counting the runs, the intervals hold 0."""
+    payload = load(PRIOR_SWEEP)
+    seeds = by_setting(paired_rows(payload, [("tp5-full", "tp5-dsa")]))
+    runs = by_setting(paired_rows(payload, [("tp5-full", "tp5-dsa")], runs=True))
+    assert seeds["L=25ms"]["tp5-full - tp5-dsa"] == "+0.016 ± 0.003 (56 of 60) above"
+    assert seeds["lambda=3"]["tp5-full - tp5-dsa"] == "-0.018 ± 0.003 (5 of 60) below"
+    assert runs["L=25ms"]["tp5-full - tp5-dsa"] == "+0.016 ± 0.026 tie"
+    assert runs["lambda=3"]["tp5-full - tp5-dsa"] == "-0.018 ± 0.046 tie"
+    # A heuristic is one run: against it only the agent's runs and the seeds count.
+    against = by_setting(paired_rows(payload, [("tp5-full", "SQF")], runs=True))
+    assert against["default"]["tp5-full - SQF"].endswith(" above")
+
+
+def test_a_live_run_cannot_count_its_training_runs() -> None:
+    with pytest.raises(NotPaired, match="has no per_run_qos: only a simulated"):
+        paired_rows(load(LIVE_RUN), [("rel-full", "rel-dsa")], runs=True)
+
+
 def test_a_name_the_run_lacks_is_refused_with_the_names_it_has() -> None:
     with pytest.raises(NotPaired, match=r"no policy 'rel-ful' at default; the run has .*rel-full"):
         paired_rows(load(SWEEP), [("rel-ful", "rel-dsa")])
@@ -101,6 +126,19 @@ def test_the_command_prints_the_table_and_writes_it(tmp_path: Path) -> None:
     written = json.loads(out.read_text())
     assert written["pairs"] == [["rel-full", "rel-dsa"]]
     assert len(written["rows"]) == len({r["setting"] for r in load(SWEEP)["results"]})
+
+
+def test_the_command_counts_the_training_runs_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "paired.json"
+    run = str(RESULTS / f"{PRIOR_SWEEP}.json")
+    done = command(run, "--pair", "tp5-full,tp5-dsa", "--runs", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "counting the training runs" in done.stdout
+    assert "| L=25ms | +0.016 ± 0.026 tie |" in done.stdout
+    assert json.loads(out.read_text())["runs"] is True
+    live = command(str(RESULTS / f"{LIVE_RUN}.json"), "--pair", "rel-full,rel-dsa", "--runs")
+    assert live.returncode != 0
+    assert "has no per_run_qos: only a simulated `bench qos` run" in live.stderr
 
 
 @pytest.mark.parametrize("pair", ["rel-full", "rel-full,", "a,b,c"])
