@@ -373,6 +373,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     pd.add_argument("--json", help="also write the table as JSON here")
     pd.set_defaults(func=lambda a: _qos_paired(a))
+    qb = command("qos-bar", help="issue 17's bar read from one QoS run, over seeds and over runs")
+    qb.add_argument("run", type=Path, metavar="RESULTS.json", help="`bench qos` results")
+    qb.add_argument("--agent", required=True, help="the agent judged, as --model named it")
+    qb.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an agent of the run that is a baseline (dsa, Baseline RL), repeatable; the "
+        "heuristics always are",
+    )
+    qb.add_argument("--json", help="also write the table as JSON here")
+    qb.set_defaults(func=lambda a: _qos_bar(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
     g.set_defaults(func=lambda a: _growth(a))
@@ -774,6 +787,15 @@ def _qos_paired(a: argparse.Namespace) -> None:
         main(a.run, a.pair, a.json, a.runs)
     except NotPaired as exc:
         raise SystemExit(f"edgeroute bench qos-paired: {exc}") from None
+
+
+def _qos_bar(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_bar import NotJudged, main
+
+    try:
+        main(a.run, a.agent, a.baseline, a.json)
+    except NotJudged as exc:
+        raise SystemExit(f"edgeroute bench qos-bar: {exc}") from None
 
 
 def _growth(a: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ from edgeroute.bench.stats import (
     interval,
     paired_each,
     shown,
+    verdict,
 )
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
@@ -563,17 +564,6 @@ def main(
         quick=quick,
     )
     plot(rows, output_dir(quick) / f"{result_name}.png")
-
-
-def verdict(agent: tuple[float, float], best: tuple[float, float]) -> str:
-    """`wins` or `loses` when the two 95% intervals (mean, half-width) do not overlap,
-    else `tie`."""
-    (a, ha), (b, hb) = agent, best
-    if a - ha > b + hb:
-        return "wins"
-    if a + ha < b - hb:
-        return "loses"
-    return "tie"
 
 
 def judge(here: list[dict[str, Any]]) -> dict[str, Any]:

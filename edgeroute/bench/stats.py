@@ -85,6 +85,17 @@ def paired_each(first: list[float], others: Mapping[str, list[float]]) -> str:
     return "; ".join(f"{name}: {paired(first, other)}" for name, other in others.items())
 
 
+def verdict(first: tuple[float, float], other: tuple[float, float]) -> str:
+    """`wins` or `loses` when two 95% intervals (mean, half-width) do not overlap, else
+    `tie`: the issue's test of an agent against a baseline."""
+    (a, ha), (b, hb) = first, other
+    if a - ha > b + hb:
+        return "wins"
+    if a + ha < b - hb:
+        return "loses"
+    return "tie"
+
+
 # A source of spread in a mean: its variance's share and that share's degrees of freedom.
 _Term = tuple[float, int]
 
