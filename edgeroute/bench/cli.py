@@ -385,6 +385,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "heuristics always are",
     )
     qb.add_argument("--json", help="also write the table as JSON here")
+    qb.add_argument("--plot", type=Path, help="also draw the intervals, as PNG, here")
     qb.set_defaults(func=lambda a: _qos_bar(a))
     g = command("growth", help="decision time and memory against backends, in-flight and replicas")
     common(g)
@@ -793,7 +794,7 @@ def _qos_bar(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_bar import NotJudged, main
 
     try:
-        main(a.run, a.agent, a.baseline, a.json)
+        main(a.run, a.agent, a.baseline, a.json, a.plot)
     except NotJudged as exc:
         raise SystemExit(f"edgeroute bench qos-bar: {exc}") from None
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos_paired import LIVE, policy_name
 from edgeroute.bench.stats import crossed_interval, interval, verdict
-from edgeroute.results_io import table
+from edgeroute.results_io import save_figure, table
 
 Interval = tuple[float, float]
 
@@ -27,60 +28,126 @@ class NotJudged(ValueError):
     """An agent or baseline the run does not have."""
 
 
-def _shown(ci: Interval) -> str:
-    return f"{ci[0]:.3f} ± {ci[1]:.3f}"
+@dataclass(frozen=True)
+class Judged:
+    """One setting judged one way: the agent's interval, the best baseline (by its mean)
+    and its interval, and whether the agent is apart above every baseline."""
+
+    agent: Interval
+    best: str
+    best_ci: Interval
+    apart: bool
 
 
-def _judged(agent: Interval, contenders: dict[str, Interval]) -> tuple[str, bool]:
-    """The best contender by its mean, shown, and whether `agent` is apart above all."""
+def _judged(agent: Interval, contenders: dict[str, Interval]) -> Judged:
     best = max(contenders, key=lambda k: contenders[k][0])
     apart = all(verdict(agent, ci) == "wins" for ci in contenders.values())
-    return f"{best} {_shown(contenders[best])}", apart
+    return Judged(agent, best, contenders[best], apart)
 
 
-def bar_rows(payload: dict[str, Any], agent: str, baselines: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per setting: the agent's interval, the best baseline's and whether the
-    agent is apart above every baseline, over the seeds and, where the run kept each
-    training run's figures, counting the runs. Raises NotJudged for a name the run
-    does not have at some setting."""
+def judged(
+    payload: dict[str, Any], agent: str, baselines: Sequence[str]
+) -> dict[str, tuple[Judged, Judged | None]]:
+    """Each setting judged over the seeds and, where the run kept each training run's
+    figures, counting the runs (else None). Raises NotJudged for a name the run does
+    not have at some setting."""
     at: dict[str, list[dict[str, Any]]] = {}
     for row in payload["results"]:
         at.setdefault(row.get("setting") or LIVE, []).append(row)
-    out = []
+    # A live run marks no row an agent: there every policy but the named agents is a
+    # heuristic.
+    agents = set(payload["config"].get("models", {}))
+    out: dict[str, tuple[Judged, Judged | None]] = {}
     for setting, rows in at.items():
         named = {policy_name(r): r for r in rows}
         for name in (agent, *baselines):
             if name not in named:
                 raise NotJudged(f"no policy {name!r} at {setting}; the run has {', '.join(named)}")
-        # A live run marks no row an agent: there every policy but the named agents is
-        # a heuristic.
-        agents = set(payload["config"].get("models", {}))
         contenders = [
             r
             for r in rows
             if policy_name(r) in baselines
             or (policy_name(r) not in agents and not r.get("reference") and not r.get("agent"))
         ]
-        by_seed = {policy_name(r): interval(r["per_seed_qos"]) for r in contenders}
-        mine = interval(named[agent]["per_seed_qos"])
-        best, apart = _judged(mine, by_seed)
-        line: dict[str, Any] = {
-            "setting": setting,
-            "agent": _shown(mine),
-            "best baseline": best,
-            "apart": "yes" if apart else "no",
-        }
+        by_seed = _judged(
+            interval(named[agent]["per_seed_qos"]),
+            {policy_name(r): interval(r["per_seed_qos"]) for r in contenders},
+        )
+        by_run = None
         if all("per_run_qos" in r for r in (named[agent], *contenders)):
-            by_run = {policy_name(r): crossed_interval(r["per_run_qos"]) for r in contenders}
-            mine = crossed_interval(named[agent]["per_run_qos"])
-            best, apart = _judged(mine, by_run)
-            line |= {
-                "agent, counting runs": _shown(mine),
-                "best baseline, counting runs": best,
-                "apart, counting runs": "yes" if apart else "no",
-            }
-        out.append(line)
+            by_run = _judged(
+                crossed_interval(named[agent]["per_run_qos"]),
+                {policy_name(r): crossed_interval(r["per_run_qos"]) for r in contenders},
+            )
+        out[setting] = (by_seed, by_run)
     return out
+
+
+def _shown(ci: Interval) -> str:
+    return f"{ci[0]:.3f} ± {ci[1]:.3f}"
+
+
+def bar_rows(payload: dict[str, Any], agent: str, baselines: Sequence[str]) -> list[dict[str, Any]]:
+    """`judged` as table rows: the agent's interval, the best baseline's and whether the
+    agent is apart above every baseline, over the seeds and counting the runs."""
+    rows = []
+    for setting, (by_seed, by_run) in judged(payload, agent, baselines).items():
+        row: dict[str, Any] = {
+            "setting": setting,
+            "agent": _shown(by_seed.agent),
+            "best baseline": f"{by_seed.best} {_shown(by_seed.best_ci)}",
+            "apart": "yes" if by_seed.apart else "no",
+        }
+        if by_run is not None:
+            row |= {
+                "agent, counting runs": _shown(by_run.agent),
+                "best baseline, counting runs": f"{by_run.best} {_shown(by_run.best_ci)}",
+                "apart, counting runs": "yes" if by_run.apart else "no",
+            }
+        rows.append(row)
+    return rows
+
+
+def plot(verdicts: dict[str, tuple[Judged, Judged | None]], agent: str, out: Path) -> None:
+    """The agent's and the best baseline's intervals at each setting, over the seeds
+    (left of each pair) and counting the runs (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, len(verdicts) * 0.9), 4))
+    for i, (by_seed, by_run) in enumerate(verdicts.values()):
+        for dx, j, way in ((-0.15, by_seed, "over the seeds"), (0.15, by_run, "counting runs")):
+            if j is None:
+                continue
+            first = i == 0
+            ax.errorbar(
+                i + dx - 0.04,
+                j.agent[0],
+                j.agent[1],
+                fmt="o",
+                color="C0" if dx < 0 else "C2",
+                capsize=3,
+                label=f"{agent}, {way}" if first else None,
+            )
+            ax.errorbar(
+                i + dx + 0.04,
+                j.best_ci[0],
+                j.best_ci[1],
+                fmt="s",
+                color="C1" if dx < 0 else "C3",
+                capsize=3,
+                label=f"best baseline, {way}" if first else None,
+            )
+    ax.set_xticks(
+        range(len(verdicts)), [s.split(" (")[0] for s in verdicts], rotation=30, fontsize=8
+    )
+    ax.set_ylabel("average QoS, 95% interval")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
 
 
 COLUMNS = [
@@ -94,9 +161,17 @@ COLUMNS = [
 ]
 
 
-def main(file: Path, agent: str, baselines: Sequence[str], json_path: str | None) -> None:
+def main(
+    file: Path,
+    agent: str,
+    baselines: Sequence[str],
+    json_path: str | None,
+    plot_path: Path | None = None,
+) -> None:
     payload = json.loads(file.read_text())
     rows = bar_rows(payload, agent, baselines)
+    if plot_path is not None:
+        plot(judged(payload, agent, baselines), agent, plot_path)
     counts = [
         f"{sum(r.get(c) == 'yes' for r in rows)} of {len(rows)} {what}"
         for c, what in (("apart", "over the seeds"), ("apart, counting runs", "counting runs"))

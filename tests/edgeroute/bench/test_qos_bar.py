@@ -74,11 +74,15 @@ def command(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_command_prints_the_counts_and_writes_the_table(tmp_path: Path) -> None:
+def test_the_command_prints_the_counts_and_writes_the_table_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "bar.json"
     args = [str(RESULTS / f"{SWEEP}.json"), "--agent", "tp5-full"]
-    done = command(*args, *(f"--baseline={b}" for b in BASELINES), "--json", str(out))
+    picture = tmp_path / "bar.png"
+    done = command(
+        *args, *(f"--baseline={b}" for b in BASELINES), "--json", str(out), "--plot", str(picture)
+    )
     assert done.returncode == 0, done.stderr
+    assert picture.read_bytes().startswith(b"\x89PNG")
     assert (
         "apart above every one at 1 of 12 over the seeds and 0 of 12 counting runs" in done.stdout
     )
