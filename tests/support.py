@@ -433,3 +433,10 @@ def replicas_on_redis(
         for g in gateways:
             g.kill()
         redis.kill()
+
+
+def edgeroute(*args: str) -> subprocess.CompletedProcess[str]:
+    """`edgeroute ARGS...` run as a user runs it, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgeroute.cli", *args], capture_output=True, text=True
+    )

@@ -117,29 +117,24 @@ def plot(verdicts: dict[str, tuple[Judged, Judged | None]], agent: str, out: Pat
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(8, len(verdicts) * 0.9), 4))
-    for i, (by_seed, by_run) in enumerate(verdicts.values()):
-        for dx, j, way in ((-0.15, by_seed, "over the seeds"), (0.15, by_run, "counting runs")):
+    # Each setting: the agent (circles) and the best baseline (squares), over the seeds
+    # on the left, counting runs on the right.
+    ways = (("over the seeds", -0.15, ("C0", "C1")), ("counting runs", 0.15, ("C2", "C3")))
+    for i, both in enumerate(verdicts.values()):
+        for (way, dx, colours), j in zip(ways, both, strict=True):
             if j is None:
                 continue
-            first = i == 0
-            ax.errorbar(
-                i + dx - 0.04,
-                j.agent[0],
-                j.agent[1],
-                fmt="o",
-                color="C0" if dx < 0 else "C2",
-                capsize=3,
-                label=f"{agent}, {way}" if first else None,
-            )
-            ax.errorbar(
-                i + dx + 0.04,
-                j.best_ci[0],
-                j.best_ci[1],
-                fmt="s",
-                color="C1" if dx < 0 else "C3",
-                capsize=3,
-                label=f"best baseline, {way}" if first else None,
-            )
+            marks = ((j.agent, "o", agent), (j.best_ci, "s", "best baseline"))
+            for (ci, fmt, who), side, colour in zip(marks, (-0.04, 0.04), colours, strict=True):
+                ax.errorbar(
+                    i + dx + side,
+                    ci[0],
+                    ci[1],
+                    fmt=fmt,
+                    color=colour,
+                    capsize=3,
+                    label=f"{who}, {way}" if i == 0 else None,
+                )
     ax.set_xticks(
         range(len(verdicts)), [s.split(" (")[0] for s in verdicts], rotation=30, fontsize=8
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from edgeroute.bench.qos_bar import NotJudged, bar_rows
 from edgeroute.results_io import RESULTS
+from tests.support import edgeroute
 
 # (104) of docs/research.md: the engines' fleet, 60 seeds, five training runs per agent.
 SWEEP = (
@@ -67,11 +67,7 @@ def test_a_name_the_run_lacks_is_refused_with_the_names_it_has() -> None:
 
 
 def command(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edgeroute.cli", "bench", "qos-bar", *args],
-        capture_output=True,
-        text=True,
-    )
+    return edgeroute("bench", "qos-bar", *args)
 
 
 def test_the_command_prints_the_counts_and_writes_the_table_and_plot(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 
 from edgeroute.bench.qos_paired import LIVE, NotPaired, default_pairs, paired_rows
 from edgeroute.results_io import RESULTS
+from tests.support import edgeroute
 
 # (41) of docs/research.md: the engines' fleet, 30 seeds.
 SWEEP = "qos_routerdc_scrape-1000ms_engine-hw_seeds-30_rel-sh-full_rel-full_rel-dsa"
@@ -111,11 +111,7 @@ def test_a_run_of_one_agent_needs_named_pairs() -> None:
 
 
 def command(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edgeroute.cli", "bench", "qos-paired", *args],
-        capture_output=True,
-        text=True,
-    )
+    return edgeroute("bench", "qos-paired", *args)
 
 
 def test_the_command_prints_the_table_and_writes_it(tmp_path: Path) -> None:
