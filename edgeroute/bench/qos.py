@@ -573,25 +573,23 @@ def judge(here: list[dict[str, Any]]) -> dict[str, Any]:
     (`paired_minus_agents`); each once with intervals over the environment seeds and
     once counting the agents' training runs too (`..._runs`, `stats.crossed_interval`).
     Returns the best heuristic's row. Rows need `per_seed_qos` and `per_run_qos`."""
+    # Each row's interval over the seeds and counting runs, once (policies are unique).
+    by_seed = {r["policy"]: interval(r["per_seed_qos"]) for r in here}
+    by_run = {r["policy"]: crossed_interval(r["per_run_qos"]) for r in here}
     for r in here:
         r["qos_ci_runs"] = crossed_shown(r["per_run_qos"])
     best = max((r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"])
-    best_ci = interval(best["per_seed_qos"])
     agents = [r for r in here if r["agent"]]
     for r in agents:
-        r["against_best"] = verdict(interval(r["per_seed_qos"]), best_ci)
-        r["against_best_runs"] = verdict(crossed_interval(r["per_run_qos"]), best_ci)
+        r["against_best"] = verdict(by_seed[r["policy"]], by_seed[best["policy"]])
+        r["against_best_runs"] = verdict(by_run[r["policy"]], by_seed[best["policy"]])
     if len(agents) > 1:
         first, others = agents[0], agents[1:]
         rival = max(others, key=lambda r: r["qos"])
-        first["against_agents"] = (
-            f"{verdict(interval(first['per_seed_qos']), interval(rival['per_seed_qos']))} "
-            f"({rival['policy']})"
-        )
-        first["against_agents_runs"] = (
-            f"{verdict(crossed_interval(first['per_run_qos']), crossed_interval(rival['per_run_qos']))} "
-            f"({rival['policy']})"
-        )
+        for key, cis in (("against_agents", by_seed), ("against_agents_runs", by_run)):
+            first[key] = (
+                f"{verdict(cis[first['policy']], cis[rival['policy']])} ({rival['policy']})"
+            )
         first["paired_minus_agents"] = paired_each(
             first["per_seed_qos"], {r["policy"]: r["per_seed_qos"] for r in others}
         )

@@ -90,8 +90,12 @@ def _shown(ci: Interval) -> str:
 def bar_rows(payload: dict[str, Any], agent: str, baselines: Sequence[str]) -> list[dict[str, Any]]:
     """`judged` as table rows: the agent's interval, the best baseline's and whether the
     agent is apart above every baseline, over the seeds and counting the runs."""
+    return _rows(judged(payload, agent, baselines))
+
+
+def _rows(verdicts: dict[str, tuple[Judged, Judged | None]]) -> list[dict[str, Any]]:
     rows = []
-    for setting, (by_seed, by_run) in judged(payload, agent, baselines).items():
+    for setting, (by_seed, by_run) in verdicts.items():
         row: dict[str, Any] = {
             "setting": setting,
             "agent": _shown(by_seed.agent),
@@ -164,9 +168,10 @@ def main(
     plot_path: Path | None = None,
 ) -> None:
     payload = json.loads(file.read_text())
-    rows = bar_rows(payload, agent, baselines)
+    verdicts = judged(payload, agent, baselines)
+    rows = _rows(verdicts)
     if plot_path is not None:
-        plot(judged(payload, agent, baselines), agent, plot_path)
+        plot(verdicts, agent, plot_path)
     counts = [
         f"{sum(r.get(c) == 'yes' for r in rows)} of {len(rows)} {what}"
         for c, what in (("apart", "over the seeds"), ("apart, counting runs", "counting runs"))
