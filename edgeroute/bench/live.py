@@ -55,9 +55,9 @@ from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds, until
 from edgeroute.bench.operator import operate
 from edgeroute.bench.overhead import wait_ready
-from edgeroute.bench.stats import interval
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
+from edgeroute.stats import interval
 from gateway.ports import free_ports
 from gateway.promtext import read_samples
 from policies.predictor import MODEL_ROOT

@@ -26,11 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.stats import interval, shown
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.cluster import Request, SimConfig, Simulator, attainment, capacity
 from edgeroute.sim.fattree import FatTreeConfig
 from edgeroute.sim.workload import MOONCAKE_BLOCK, PROFILES, TraceRequest, read_trace, select
+from edgeroute.stats import interval, shown
 from policies import PipelineSpec
 
 MEASURE_AT = 0.34  # the measured windows start this far into the trace

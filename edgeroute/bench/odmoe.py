@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.stats import shown
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.moe_lm import MODEL, corpus, load
 from edgeroute.sim.shadow import ShadowResult, init_weights, measure, random_prompts
+from edgeroute.stats import shown
 from policies.odmoe import OdMoEConfig, alignment_seconds, max_load_seconds
 from workers.odmoe_host import OdMoEHost
 

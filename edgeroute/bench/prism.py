@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from edgeroute.bench.stats import interval, shown
 from edgeroute.results_io import output_dir, save_figure, table, write
 from edgeroute.sim.moe import Drawn, Replayed, Result, Source, simulate
+from edgeroute.stats import interval, shown
 from policies.prism import Server, eplb, prism, redundance, smartmoe, uniform
 from workers.moe import (
     DEEPSEEK_V2_LITE,

@@ -38,8 +38,8 @@ import httpx
 from edgeroute.bench.live import Router, one, running, workers
 from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS
 from edgeroute.bench.loadgen import until
-from edgeroute.bench.stats import interval, shown
 from edgeroute.results_io import Plot, draw, output_dir, table, write
+from edgeroute.stats import interval, shown
 
 ARMS: dict[str, tuple[str, bool]] = {  # name -> (routing policy, scheduler on)
     "prism": ("prism", True),

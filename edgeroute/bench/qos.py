@@ -27,15 +27,6 @@ from typing import Any, Literal
 import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
-from edgeroute.bench.stats import (
-    crossed_interval,
-    crossed_paired_shown,
-    crossed_shown,
-    interval,
-    paired_each,
-    shown,
-    verdict,
-)
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -68,6 +59,15 @@ from edgeroute.sim.edge import (
     load_tasks,
 )
 from edgeroute.sim.workload import TraceRequest, read_azure
+from edgeroute.stats import (
+    crossed_interval,
+    crossed_paired_shown,
+    crossed_shown,
+    interval,
+    paired_each,
+    shown,
+    verdict,
+)
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor, predictor_dir
 from policies.qos_drl import QoSDRL, load
@@ -512,7 +512,7 @@ def main(
         "(the issue's test); `paired_minus_agents`: the first agent minus each other "
         "agent seed by seed, a test the same worlds make sharper, given beside it. "
         "The `_runs` columns are the same, counting the agents' training runs as a second "
-        "source of spread beside the environment seeds (`edgeroute.bench.stats."
+        "source of spread beside the environment seeds (`edgeroute.stats."
         "crossed_interval`): whether training the agents again would give the verdict, "
         "not only these runs. "
         "`SQF+truth` reads each model's real score on the request: it is "

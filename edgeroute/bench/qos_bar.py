@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos_paired import LIVE, policy_name
-from edgeroute.bench.stats import crossed_interval, interval, verdict
 from edgeroute.results_io import save_figure, table
+from edgeroute.stats import crossed_interval, interval, verdict
 
 Interval = tuple[float, float]
 

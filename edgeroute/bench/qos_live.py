@@ -33,7 +33,6 @@ import httpx
 from edgeroute.bench.live import gateway_clock
 from edgeroute.bench.loadgen import paced, percentile
 from edgeroute.bench.overhead import GATEWAY_CPU, ServerExited, start_gateway
-from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -44,6 +43,7 @@ from edgeroute.qos.config import (
 )
 from edgeroute.results_io import recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, Task, engine_fleet, load_tasks
+from edgeroute.stats import paired, paired_each, shown
 from gateway.ports import free_ports
 from gateway.serving import Listener, make_server
 from gateway.settings import Settings

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.stats import crossed_paired_interval, paired_interval
 from edgeroute.results_io import table
+from edgeroute.stats import crossed_paired_interval, paired_interval
 
 _RUNS = re.compile(r" \(\d+ seeds\)$")  # `bench qos` names an agent of k runs "name (k seeds)"
 LIVE = "live"  # the setting of a live run's rows, which name none

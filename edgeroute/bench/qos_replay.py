@@ -26,11 +26,11 @@ from typing import Any
 
 from edgeroute.bench.qos import Physics, Sweep, recorded_serving, refuse_other_serving
 from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream
-from edgeroute.bench.stats import paired, paired_each, shown
 from edgeroute.qos.config import best_predicted, quality_dir
 from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
 from edgeroute.results_io import Plot, write
 from edgeroute.sim.edge import Arrival, Quality, ServedPredictor, Task, load_tasks
+from edgeroute.stats import paired, paired_each, shown
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor
 from policies.qos_drl import load

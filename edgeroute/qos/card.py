@@ -24,6 +24,7 @@ from edgeroute.qos.config import (
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
+from edgeroute.stats import crossed_interval, interval, verdict
 from policies.predictor import MODEL_ROOT, predictor_dir
 
 # The card's own code, and the rebuild check's, are not training code.
@@ -184,15 +185,24 @@ def _named(path: Path) -> str:
 
 def _sim_section(path: Path, source: str) -> list[str]:
     """The card's table of a `bench qos` results file: each agent against the best
-    heuristic at each setting; nothing if there is no such file."""
+    heuristic at each setting, over the environment seeds and, where the file keeps
+    each training run's figures, counting the runs too; nothing if there is no such
+    file."""
     bench = _json(path)
     if not bench:
         return []
     lines = [
         f"## Evaluation in simulation ({source})",
         "",
-        "| setting | agent | agent QoS | best heuristic | its QoS | verdict |",
-        "|---|---|---|---|---|---|",
+        "Verdicts: the agent's 95% interval above the best heuristic's (`wins`), below it",
+        "(`loses`) or overlapping (`tie`). Over the seeds, the agent's training runs are",
+        "averaged on each seed: whether these runs beat the heuristic. Counting the runs,",
+        "their spread is a second source beside the seeds (`edgeroute.stats.crossed_interval`):",
+        "whether training the agent again would.",
+        "",
+        "| setting | agent | agent QoS | best heuristic | its QoS | verdict | "
+        "agent QoS, counting runs | verdict, counting runs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rows = bench["results"]
     for setting in dict.fromkeys(r["setting"] for r in rows):
@@ -205,9 +215,20 @@ def _sim_section(path: Path, source: str) -> list[str]:
             if r.get("agent"):
                 lines.append(
                     f"| {setting} | {r['policy']} | {r['qos_ci']} | {best['policy']} | "
-                    f"{best['qos_ci']} | {r.get('against_best', '')} |"
+                    f"{best['qos_ci']} | {r.get('against_best', '')} | {_counting_runs(r, best)} |"
                 )
     return [*lines, ""]
+
+
+def _counting_runs(agent: dict[str, Any], best: dict[str, Any]) -> str:
+    """The agent's interval counting its training runs and its verdict against the best
+    heuristic's (one policy, so its interval is over the seeds); blank cells where the
+    file does not keep each run's figures."""
+    if "per_run_qos" not in agent:
+        return " | "
+    mean, half = crossed_interval(agent["per_run_qos"])
+    other = interval(best["per_seed_qos"])
+    return f"{mean:.3g} ± {half:.2g} | {verdict((mean, half), other)}"
 
 
 def _live_section(path: Path, source: str) -> list[str]:

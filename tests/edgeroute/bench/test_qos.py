@@ -23,8 +23,8 @@ from edgeroute.bench.qos import (
     serving_from,
     variant_named,
 )
-from edgeroute.bench.stats import shown
 from edgeroute.sim.edge import EdgeEnv
+from edgeroute.stats import shown
 from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data, write_trace
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from edgeroute.bench.qos_pool import NotPoolable, pool, pooled_name
-from edgeroute.bench.stats import shown
 from edgeroute.results_io import RESULTS
+from edgeroute.stats import shown
 
 # (17), (20) and (21) of docs/research.md: the live default, 10 + 20 + 20 seeds.
 DEFAULT_RUNS = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,32 @@ def test_a_card_names_the_command_that_trained_each_run_and_the_actor_it_ships(
     # runs' in parameters kept for read-back that the graph does not use)
     actor = onnx.load(str(folder / "runs" / shipped[1] / "actor.onnx")).graph
     assert onnx.load(str(folder / "actor.onnx")).graph == actor
+
+
+def test_the_simulation_table_judges_each_agent_over_the_seeds_and_counting_runs(
+    tmp_path: Path,
+) -> None:
+    """Two runs that agree seed by seed but not with each other: averaged on each seed
+    they beat the heuristic; counting the runs they tie with it. A file without each
+    run's figures leaves the second verdict blank."""
+    seeds = [0.40, 0.41, 0.42, 0.41, 0.40, 0.42]
+    runs = [[q + 0.05 for q in seeds], [q - 0.03 for q in seeds]]
+    agent_seeds = [statistics.fmean(s) for s in zip(*runs, strict=True)]
+    heuristic = [0.38, 0.385, 0.39, 0.38, 0.385, 0.39]
+    rows = [
+        {"setting": "default", "policy": "SQF", "qos": 0.385, "qos_ci": "0.385 ± 0.005",
+         "per_seed_qos": heuristic},
+        {"setting": "default", "policy": "full (2 seeds)", "agent": True, "qos": 0.42,
+         "qos_ci": "0.42", "per_seed_qos": agent_seeds, "per_run_qos": runs,
+         "against_best": "wins"},
+        {"setting": "N=3", "policy": "SQF", "qos": 0.385, "qos_ci": "0.385",
+         "per_seed_qos": heuristic},
+        {"setting": "N=3", "policy": "full (2 seeds)", "agent": True, "qos": 0.42,
+         "qos_ci": "0.42", "per_seed_qos": agent_seeds, "against_best": "wins"},
+    ]  # fmt: skip
+    path = tmp_path / "qos.json"
+    path.write_text(json.dumps({"results": rows}))
+    table = [line for line in card._sim_section(path, "test") if line.startswith("| ")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[1:]]
+    assert cells[0][5] == "wins" and cells[0][7] == "tie"
+    assert cells[1][5] == "wins" and cells[1][6:] == ["", ""]

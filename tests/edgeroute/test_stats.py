@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 import pytest
 
-from edgeroute.bench.stats import (
+from edgeroute.stats import (
     crossed_interval,
     crossed_paired_interval,
     crossed_shown,

@@ -1,4 +1,4 @@
-"""Intervals over seeds, shared by the benchmarks.
+"""Intervals over seeds, shared by the benchmarks and the model card.
 
 Most figures vary over one source, the environment seed (`interval`, `paired`). A
 trained agent's figure varies over two, crossed: its training runs and the environment
