@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos_paired import LIVE, policy_name
+from edgeroute.bench.qos_paired import by_setting, policy_name
 from edgeroute.results_io import save_figure, table
 from edgeroute.stats import crossed_interval, interval, verdict
 
@@ -51,14 +51,11 @@ def judged(
     """Each setting judged over the seeds and, where the run kept each training run's
     figures, counting the runs (else None). Raises NotJudged for a name the run does
     not have at some setting."""
-    at: dict[str, list[dict[str, Any]]] = {}
-    for row in payload["results"]:
-        at.setdefault(row.get("setting") or LIVE, []).append(row)
     # A live run marks no row an agent: there every policy but the named agents is a
     # heuristic.
     agents = set(payload["config"].get("models", {}))
     out: dict[str, tuple[Judged, Judged | None]] = {}
-    for setting, rows in at.items():
+    for setting, rows in by_setting(payload["results"]).items():
         named = {policy_name(r): r for r in rows}
         for name in (agent, *baselines):
             if name not in named:

@@ -37,13 +37,22 @@ def settings(
     """Each setting's policies' `field` (QoS per environment seed, or per training run
     and seed), in the run's order."""
     out: dict[str, dict[str, Any]] = {}
+    for setting, rows in by_setting(results).items():
+        for row in rows:
+            if field not in row:
+                raise NotPaired(
+                    f"{policy_name(row)} has no {field}: only a simulated `bench qos` run "
+                    "keeps each training run's figures (a live run measures one run per seed)"
+                )
+            out.setdefault(setting, {})[policy_name(row)] = row[field]
+    return out
+
+
+def by_setting(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A run's rows by setting, in the run's order (a live run's under `LIVE`)."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for row in results:
-        if field not in row:
-            raise NotPaired(
-                f"{policy_name(row)} has no {field}: only a simulated `bench qos` run keeps "
-                "each training run's figures (a live run measures one run per seed)"
-            )
-        out.setdefault(row.get("setting") or LIVE, {})[policy_name(row)] = row[field]
+        out.setdefault(row.get("setting") or LIVE, []).append(row)
     return out
 
 
