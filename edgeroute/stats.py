@@ -59,10 +59,11 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 def shown(values: list[float]) -> str:
     """`mean ± half-width`, or n/a."""
-    return _shown(*interval(values))
+    return interval_shown(*interval(values))
 
 
-def _shown(mean: float, half: float) -> str:
+def interval_shown(mean: float, half: float) -> str:
+    """An interval already computed, as `mean ± half-width`, or n/a."""
     return "n/a" if math.isnan(mean) else f"{mean:.3g} ± {half:.2g}"
 
 
@@ -77,7 +78,7 @@ def paired_interval(first: list[float], other: list[float]) -> tuple[float, floa
 def paired(first: list[float], other: list[float]) -> str:
     """`paired_interval` as text: `mean ± half-width (above on k of n)`."""
     mean, half, above = paired_interval(first, other)
-    return f"{_shown(mean, half)} (above on {above} of {len(first)})"
+    return f"{interval_shown(mean, half)} (above on {above} of {len(first)})"
 
 
 def paired_each(first: list[float], others: Mapping[str, list[float]]) -> str:
@@ -151,11 +152,6 @@ def crossed_paired_interval(
     return statistics.fmean(diffs), _half_width(_term(runs_a) + _term(runs_b) + _term(diffs))
 
 
-def crossed_shown(per_run: Sequence[Sequence[float]]) -> str:
-    """`crossed_interval` as `mean ± half-width`."""
-    return _shown(*crossed_interval(per_run))
-
-
 def crossed_paired_shown(first: Sequence[Sequence[float]], other: Sequence[Sequence[float]]) -> str:
     """`crossed_paired_interval` as `mean ± half-width`."""
-    return _shown(*crossed_paired_interval(first, other))
+    return interval_shown(*crossed_paired_interval(first, other))

@@ -62,8 +62,8 @@ from edgeroute.sim.workload import TraceRequest, read_azure
 from edgeroute.stats import (
     crossed_interval,
     crossed_paired_shown,
-    crossed_shown,
     interval,
+    interval_shown,
     paired_each,
     shown,
     verdict,
@@ -577,7 +577,7 @@ def judge(here: list[dict[str, Any]]) -> dict[str, Any]:
     by_seed = {r["policy"]: interval(r["per_seed_qos"]) for r in here}
     by_run = {r["policy"]: crossed_interval(r["per_run_qos"]) for r in here}
     for r in here:
-        r["qos_ci_runs"] = crossed_shown(r["per_run_qos"])
+        r["qos_ci_runs"] = interval_shown(*by_run[r["policy"]])
     best = max((r for r in here if not r["agent"] and not r["reference"]), key=lambda r: r["qos"])
     agents = [r for r in here if r["agent"]]
     for r in agents:

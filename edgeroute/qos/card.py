@@ -24,7 +24,7 @@ from edgeroute.qos.config import (
 )
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
-from edgeroute.stats import crossed_interval, interval, verdict
+from edgeroute.stats import crossed_interval, interval, interval_shown, verdict
 from policies.predictor import MODEL_ROOT, predictor_dir
 
 # The card's own code, and the rebuild check's, are not training code.
@@ -226,9 +226,8 @@ def _counting_runs(agent: dict[str, Any], best: dict[str, Any]) -> str:
     file does not keep each run's figures."""
     if "per_run_qos" not in agent:
         return " | "
-    mean, half = crossed_interval(agent["per_run_qos"])
-    other = interval(best["per_seed_qos"])
-    return f"{mean:.3g} ± {half:.2g} | {verdict((mean, half), other)}"
+    ci = crossed_interval(agent["per_run_qos"])
+    return f"{interval_shown(*ci)} | {verdict(ci, interval(best['per_seed_qos']))}"
 
 
 def _live_section(path: Path, source: str) -> list[str]:

@@ -14,8 +14,8 @@ import pytest
 from edgeroute.stats import (
     crossed_interval,
     crossed_paired_interval,
-    crossed_shown,
     interval,
+    interval_shown,
     paired,
     paired_each,
     paired_interval,
@@ -79,7 +79,7 @@ def test_counting_one_run_or_one_seed_is_the_interval_over_the_other() -> None:
     assert crossed_interval([seeds]) == pytest.approx(interval(seeds))
     runs = [0.41, 0.43, 0.38]
     assert crossed_interval([[r] for r in runs]) == pytest.approx(interval(runs))
-    assert crossed_shown([[0.5, 0.5], [0.5, 0.5]]) == "0.5 ± 0"
+    assert interval_shown(*crossed_interval([[0.5, 0.5], [0.5, 0.5]])) == "0.5 ± 0"
 
 
 def test_runs_measured_on_different_seeds_are_refused() -> None:
