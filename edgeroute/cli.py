@@ -311,6 +311,19 @@ def cmd_qos_last(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_qos_ensemble(args: argparse.Namespace) -> None:
+    from edgeroute.qos.ensemble import write_ensemble
+    from edgeroute.qos.train import source_commit
+
+    runs = [Path(p) for p in args.runs]
+    try:
+        record = write_ensemble(runs, Path(args.out), source_commit())
+    except ValueError as exc:
+        raise SystemExit(f"edgeroute train qos-ensemble: {exc}") from None
+    seeds = ", ".join(str(s) for s in record["ensemble"]["seeds"])
+    print(f"{args.out}/actor.onnx: {len(runs)} runs served as one (seeds {seeds})")
+
+
 def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
     from edgeroute.qos.rebuild import adopt, compare, run_pairs
 
@@ -678,6 +691,16 @@ def build_parser() -> argparse.ArgumentParser:
     ql.add_argument("run", help="a run's folder, with its checkpoint.pt")
     ql.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
     ql.set_defaults(func=cmd_qos_last)
+
+    qe = which.add_parser(
+        "qos-ensemble",
+        help="serve several training runs of one config as one actor: the mean of their "
+        "action probabilities",
+        formatter_class=DefaultsHelp,
+    )
+    qe.add_argument("runs", nargs="+", help="the runs' folders (each with actor.onnx)")
+    qe.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    qe.set_defaults(func=cmd_qos_ensemble)
 
     qr = which.add_parser(
         "qos-rebuilt",

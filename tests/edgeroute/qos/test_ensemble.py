@@ -1,0 +1,125 @@
+"""Several runs served as one actor: the mean of their policies, served as any actor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgeroute.cli import main
+from edgeroute.qos.config import read_record
+from edgeroute.qos.ensemble import common_config, ensemble_graph, write_ensemble
+from edgeroute.qos.export import example
+from policies.predictor import MODEL_ROOT, ScorePredictor, predictor_dir
+from policies.qos_drl import QoSDRL
+from policies.types import RequestInfo
+from tests.policies.test_qos_graph import random_view
+
+ATTEMPT = MODEL_ROOT / "routerdc" / "attempts" / "big-batch-scrape-nodrop-ep1000"
+FULL = [ATTEMPT / f"full-rel-300k-last-s{s}" for s in range(3)]
+
+
+def session(graph: bytes | Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    source = graph if isinstance(graph, bytes) else str(graph)
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
+def logits(s: ort.InferenceSession, states: dict[str, np.ndarray]) -> np.ndarray:
+    feeds = {i.name: states[i.name] for i in s.get_inputs()}
+    out: np.ndarray = s.run(["logits"], feeds)[0]
+    return out
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
+
+
+@pytest.mark.parametrize("n", [3, 6, 12])
+def test_the_ensemble_is_the_log_of_its_members_mean_probabilities(n: int) -> None:
+    states = example(64, n, seed=n)
+    members = [logits(session(run / "actor.onnx"), states) for run in FULL]
+    # log of the mean, in logs: these actors never drop, so the drop's is about -1e9
+    mean = np.logaddexp.reduce([log_softmax(m) for m in members], axis=0) - np.log(len(FULL))
+    got = logits(session(ensemble_graph([run / "actor.onnx" for run in FULL])), states)
+    assert got.shape == (64, n + 1)
+    np.testing.assert_allclose(got, mean, rtol=1e-6, atol=1e-5)
+    # where the members disagree on their first action, the ensemble is none of them alone
+    firsts = np.stack([m.argmax(axis=1) for m in members])
+    assert (firsts != firsts[0]).any()
+
+
+def test_an_ensemble_of_one_ranks_as_its_member() -> None:
+    states = example(64, 6, seed=1)
+    alone = logits(session(FULL[0] / "actor.onnx"), states)
+    one = logits(session(ensemble_graph([FULL[0] / "actor.onnx"])), states)
+    np.testing.assert_allclose(one, log_softmax(alone), atol=1e-5)
+
+
+def test_members_that_read_other_inputs_or_trained_otherwise_are_refused() -> None:
+    baseline = ATTEMPT / "baseline-rel-300k-last-s0"
+    with pytest.raises(ValueError, match="reads other inputs"):
+        ensemble_graph([FULL[0] / "actor.onnx", baseline / "actor.onnx"])
+    with pytest.raises(ValueError, match=r"trained otherwise.*variant"):
+        common_config([FULL[0], ATTEMPT / "dsa-rel-300k-last-s0"])
+    with pytest.raises(ValueError, match="at least one"):
+        ensemble_graph([])
+
+
+def test_the_gateway_policy_serves_an_ensemble_and_follows_its_mean(tmp_path: Path) -> None:
+    """Served through `QoSDRL` (predictor joined at load), the ensemble's decision is
+    the action its members' mean probabilities put first, view after view."""
+    out = tmp_path / "ens"
+    record = write_ensemble(FULL, out, commit="test")
+    assert record["ensemble"]["seeds"] == [0, 1, 2]
+    assert "seed" not in record["config"]
+    predictor = ScorePredictor(predictor_dir(FULL[0]))
+    ensemble = QoSDRL(out, predictor=predictor)
+    members = [QoSDRL(run, predictor=predictor) for run in FULL]
+    rng = np.random.default_rng(7)
+    chosen, overruled = set(), 0
+    for i in range(60):
+        now = 100.0 + i
+        view = random_view(rng, predictor.models, int(rng.integers(2, 9)), now)
+        req = RequestInfo("m", int(rng.integers(1, 4000)), prompt="count the pairs", now=now)
+        scored = [m._scored(req, view) for m in members]
+        assert all(isinstance(s, tuple) for s in scored)
+        candidates = scored[0][0]  # type: ignore[index]
+        mean = np.mean([np.exp(log_softmax(s[2])) for s in scored], axis=0)  # type: ignore[index]
+        best = int(np.argmax(mean))
+        decision = ensemble.decide(req, view)
+        assert decision.backend_id == (None if best == 0 else candidates[best - 1].id), i
+        chosen.add(decision.backend_id)
+        alone = [int(np.argmax(s[2])) for s in scored]  # type: ignore[index]
+        overruled += alone.count(best) < len(alone)
+    assert len(chosen) > 1  # the views differ enough for the choice to move
+    assert overruled > 0  # and some members are outvoted
+
+
+def test_the_command_writes_a_served_folder_and_refuses_mixed_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world = tmp_path / "world"
+    main(["train", "qos-ensemble", *map(str, FULL[:2]), "--out", str(world)])
+    assert "2 runs served as one (seeds 0, 1)" in capsys.readouterr().out
+    assert json.loads((world / "training.json").read_text())["ensemble"]["commits"] == [
+        read_record(r)["commit"] for r in FULL[:2]
+    ]
+    with pytest.raises(SystemExit, match="trained otherwise"):
+        main(
+            [
+                "train",
+                "qos-ensemble",
+                str(FULL[0]),
+                str(ATTEMPT / "dsa-rel-300k-last-s0"),
+                "--out",
+                str(tmp_path / "mixed"),
+            ]
+        )
+    assert not (tmp_path / "mixed" / "actor.onnx").exists()
