@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from edgeroute.cli import main
-from edgeroute.qos.config import read_record
+from edgeroute.qos.config import read_record, trained_fleet, trained_latencies
 from edgeroute.qos.ensemble import common_config, ensemble_graph, write_ensemble
 from edgeroute.qos.export import example
 from policies.predictor import MODEL_ROOT, ScorePredictor, predictor_dir
@@ -79,6 +79,9 @@ def test_the_gateway_policy_serves_an_ensemble_and_follows_its_mean(tmp_path: Pa
     record = write_ensemble(FULL, out, commit="test")
     assert record["ensemble"]["seeds"] == [0, 1, 2]
     assert "seed" not in record["config"]
+    # what the benchmarks read of a run's record, they read of the ensemble's alike
+    assert trained_fleet(out) == trained_fleet(FULL[0])
+    assert trained_latencies(out) == trained_latencies(FULL[0])
     predictor = ScorePredictor(predictor_dir(FULL[0]))
     ensemble = QoSDRL(out, predictor=predictor)
     members = [QoSDRL(run, predictor=predictor) for run in FULL]
