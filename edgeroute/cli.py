@@ -324,6 +324,20 @@ def cmd_qos_ensemble(args: argparse.Namespace) -> None:
     print(f"{args.out}/actor.onnx: {len(runs)} runs served as one (seeds {seeds})")
 
 
+def cmd_qos_distill(args: argparse.Namespace) -> None:
+    from edgeroute.qos.config import DistillConfig
+    from edgeroute.qos.distill import distill
+
+    dc = DistillConfig(states=args.states, epochs=args.epochs, seed=args.seed)
+    data = Path(args.data_dir) if args.data_dir else default_data_dir()
+    record = distill(Path(args.teacher), data, Path(args.out), dc)
+    d = record["distilled"]
+    print(
+        f"{args.out}/actor.onnx: held-out KL {d['kl']:.4f}, argmax agreement "
+        f"{d['argmax_agreement']:.1%}"
+    )
+
+
 def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
     from edgeroute.qos.rebuild import adopt, compare, run_pairs
 
@@ -506,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="the paper's agent, its DSA ablation, or the baseline RL",
     )
-    from edgeroute.qos.config import KEEP, QUALITIES, TrainConfig
+    from edgeroute.qos.config import KEEP, QUALITIES, DistillConfig, TrainConfig
 
     t = TrainConfig()
     q.add_argument(
@@ -701,6 +715,23 @@ def build_parser() -> argparse.ArgumentParser:
     qe.add_argument("runs", nargs="+", help="the runs' folders (each with actor.onnx)")
     qe.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
     qe.set_defaults(func=cmd_qos_ensemble)
+
+    qd = which.add_parser(
+        "qos-distill",
+        help="one actor trained to act as another (an ensemble): its probabilities on "
+        "the states it visits in its training worlds",
+        formatter_class=DefaultsHelp,
+    )
+    dd = DistillConfig()
+    qd.add_argument("teacher", help="the folder of the actor to copy, with its record")
+    qd.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    qd.add_argument("--states", type=int, default=dd.states, help="states visited and learnt")
+    qd.add_argument("--epochs", type=int, default=dd.epochs, help="passes over them")
+    qd.add_argument("--seed", type=int, default=dd.seed, help="the worlds' and the student's seed")
+    qd.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+    qd.set_defaults(func=cmd_qos_distill)
 
     qr = which.add_parser(
         "qos-rebuilt",

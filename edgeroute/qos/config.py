@@ -277,3 +277,16 @@ class TrainConfig:
             init_alpha=self.init_alpha,
             drop=self.drop,
         )
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """`edgeroute train qos-distill`'s settings (`edgeroute.qos.distill`)."""
+
+    states: int = 200_000  # states the teacher visits, kept for the student to learn
+    epochs: int = 8
+    batch: int = 256
+    lr: float = 1e-3
+    drawn_share: float = 0.5  # of the worlds acted by draws; the rest by argmax
+    held_out: float = 0.05  # of the states, kept aside to measure the copy on
+    seed: int = 0
