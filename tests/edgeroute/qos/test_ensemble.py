@@ -15,6 +15,7 @@ from edgeroute.qos.ensemble import common_config, ensemble_graph, write_ensemble
 from edgeroute.qos.export import example
 from policies.predictor import MODEL_ROOT, ScorePredictor, predictor_dir
 from policies.qos_drl import QoSDRL
+from policies.qos_graph import TRAINED_WITH_SPEED_PRIOR
 from policies.types import RequestInfo
 from tests.policies.test_qos_graph import random_view
 
@@ -70,6 +71,21 @@ def test_members_that_read_other_inputs_or_trained_otherwise_are_refused() -> No
         common_config([FULL[0], ATTEMPT / "dsa-rel-300k-last-s0"])
     with pytest.raises(ValueError, match="at least one"):
         ensemble_graph([])
+
+
+def test_members_served_otherwise_are_refused(tmp_path: Path) -> None:
+    """An actor trained with the speed prior is always served with it (its metadata
+    says so): it cannot join members that are served without."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(FULL[1] / "actor.onnx"))
+    helper.set_model_props(model, {TRAINED_WITH_SPEED_PRIOR: "true"})
+    onnx.save(model, str(tmp_path / "actor.onnx"))
+    with pytest.raises(ValueError, match="metadata differs"):
+        ensemble_graph([FULL[0] / "actor.onnx", tmp_path / "actor.onnx"])
+    both = ensemble_graph([tmp_path / "actor.onnx", tmp_path / "actor.onnx"])
+    assert session(both).get_modelmeta().custom_metadata_map[TRAINED_WITH_SPEED_PRIOR] == "true"
 
 
 def test_the_gateway_policy_serves_an_ensemble_and_follows_its_mean(tmp_path: Path) -> None:
