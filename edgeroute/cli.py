@@ -328,7 +328,7 @@ def cmd_qos_distill(args: argparse.Namespace) -> None:
     from edgeroute.qos.config import DistillConfig
     from edgeroute.qos.distill import distill
 
-    dc = DistillConfig(states=args.states, epochs=args.epochs, seed=args.seed)
+    dc = DistillConfig(states=args.states, epochs=args.epochs, seed=args.seed, rounds=args.rounds)
     data = Path(args.data_dir) if args.data_dir else default_data_dir()
     record = distill(Path(args.teacher), data, Path(args.out), dc)
     d = record["distilled"]
@@ -728,6 +728,13 @@ def build_parser() -> argparse.ArgumentParser:
     qd.add_argument("--states", type=int, default=dd.states, help="states visited and learnt")
     qd.add_argument("--epochs", type=int, default=dd.epochs, help="passes over them")
     qd.add_argument("--seed", type=int, default=dd.seed, help="the worlds' and the student's seed")
+    qd.add_argument(
+        "--rounds",
+        type=int,
+        default=dd.rounds,
+        help="1: learn the teacher's states; more: each further round adds half as many "
+        "states where the student acts, labelled by the teacher (DAgger)",
+    )
     qd.add_argument(
         "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
     )

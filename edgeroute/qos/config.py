@@ -290,3 +290,6 @@ class DistillConfig:
     drawn_share: float = 0.5  # of the worlds acted by draws; the rest by argmax
     held_out: float = 0.05  # of the states, kept aside to measure the copy on
     seed: int = 0
+    # 1: the teacher's states alone; each further round adds states // 2 where the
+    # student acts, labelled by the teacher (DAgger), and epochs // 2 passes
+    rounds: int = 1

@@ -11,7 +11,7 @@ import pytest
 
 from edgeroute.cli import main
 from edgeroute.qos.config import DistillConfig, TrainConfig, read_record
-from edgeroute.qos.distill import Teacher, fitted, visited
+from edgeroute.qos.distill import Student, Teacher, fitted, split, visited
 from policies.predictor import MODEL_ROOT, predictor_dir
 from policies.qos_drl import QoSDRL
 from policies.types import RequestInfo
@@ -53,6 +53,31 @@ def test_the_fit_comes_closer_to_the_teacher_than_an_untrained_actor() -> None:
     assert trained["argmax_agreement"] > untrained["argmax_agreement"]
 
 
+def test_a_student_acting_visits_its_own_states_labelled_by_the_teacher() -> None:
+    """DAgger's rounds: the worlds are acted by the student, the labels are the
+    teacher's on the states the student led to."""
+    teacher = Teacher(RUN / "actor.onnx")
+    cfg = replace(run_config(), envs=4)
+    small = replace(SMALL, states=200)
+    own, _ = visited(teacher, cfg, small, DATA_DIR)
+    student, _ = fitted(cfg, replace(small, epochs=0), *visited(teacher, cfg, small, DATA_DIR))
+    led, labels = visited(teacher, cfg, small, DATA_DIR, Student(student))
+    np.testing.assert_allclose(teacher.logits(led), labels)
+    # the same worlds and draws, another actor: after the first steps, other states
+    assert np.array_equal(own["experts"][:4], led["experts"][:4])
+    assert not np.array_equal(own["queues"], led["queues"])
+
+
+def test_later_rounds_keep_their_held_out_rows_apart() -> None:
+    first, first_held = split(1000, SMALL)
+    again, again_held = split(1000, SMALL)
+    later, later_held = split(1000, SMALL, 1)
+    assert np.array_equal(first, again) and np.array_equal(first_held, again_held)
+    assert not np.array_equal(first_held, later_held)
+    assert len(first_held) == 50 and not set(first) & set(first_held)
+    assert sorted([*later, *later_held]) == list(range(1000))
+
+
 def test_the_command_writes_an_actor_the_gateway_serves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -61,13 +86,15 @@ def test_the_command_writes_an_actor_the_gateway_serves(
     out = tmp_path / "distilled"
     main(
         ["train", "qos-distill", str(RUN), "--out", str(out), "--states", "800",
-         "--epochs", "1", "--data-dir", str(DATA_DIR)]
+         "--epochs", "2", "--rounds", "2", "--data-dir", str(DATA_DIR)]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "argmax agreement" in printed and "distilled" in printed
     record = read_record(out)
     assert record["distilled"]["teacher"] == str(RUN)
     assert record["distilled"]["states"] == 800
+    assert len(record["distilled"]["rounds_measured"]) == 2
+    assert "round 2  epoch  1/1" in printed
     assert record["onnx_parity_max_abs"] < 1e-4
     assert record["config"]["variant"] == "full"
     policy = QoSDRL(out)
