@@ -382,6 +382,16 @@ def cmd_train_predictors(args: argparse.Namespace) -> None:
     compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare, args.quality)
 
 
+def _data_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
+    )
+
+
+def _actor_out_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("edgeroute")
@@ -501,9 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refit the workers' per-task distributions from the quality data",
         formatter_class=DefaultsHelp,
     )
-    fit.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(fit)
     fit.add_argument("--out", help="where to write (default: the workers' packaged profiles)")
     fit.set_defaults(func=cmd_fit_profiles)
 
@@ -649,9 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--restart", action="store_true", help="ignore a checkpoint in --out and start over"
     )
-    q.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(q)
     q.add_argument("--out", default="models/qos", help="where the model and its record go")
     q.set_defaults(func=cmd_train_qos)
 
@@ -677,9 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a `bench qos --live` results file to show (repeatable; default: "
         "results/qos_live<_folder>.json)",
     )
-    qc.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(qc)
     qc.set_defaults(func=cmd_qos_card)
 
     qv = which.add_parser(
@@ -703,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelp,
     )
     ql.add_argument("run", help="a run's folder, with its checkpoint.pt")
-    ql.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    _actor_out_option(ql)
     ql.set_defaults(func=cmd_qos_last)
 
     qe = which.add_parser(
@@ -713,7 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelp,
     )
     qe.add_argument("runs", nargs="+", help="the runs' folders (each with actor.onnx)")
-    qe.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    _actor_out_option(qe)
     qe.set_defaults(func=cmd_qos_ensemble)
 
     qd = which.add_parser(
@@ -724,7 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dd = DistillConfig()
     qd.add_argument("teacher", help="the folder of the actor to copy, with its record")
-    qd.add_argument("--out", required=True, help="the folder for actor.onnx and its record")
+    _actor_out_option(qd)
     qd.add_argument("--states", type=int, default=dd.states, help="states visited and learnt")
     qd.add_argument("--epochs", type=int, default=dd.epochs, help="passes over them")
     qd.add_argument("--seed", type=int, default=dd.seed, help="the worlds' and the student's seed")
@@ -735,9 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="1: learn the teacher's states; more: each further round adds half as many "
         "states where the student acts, labelled by the teacher (DAgger)",
     )
-    qd.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(qd)
     qd.set_defaults(func=cmd_qos_distill)
 
     qr = which.add_parser(
@@ -768,9 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also train on frozen MiniLM embeddings (needs sentence-transformers)",
     )
-    pr.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(pr)
     pr.add_argument(
         "--quality",
         choices=QUALITIES,
@@ -791,9 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument(
         "--checkpoint-every", type=int, default=250, help="steps between checkpoints (resumed)"
     )
-    lm.add_argument(
-        "--data-dir", help="the data folder (default: $EDGEROUTE_DATA_DIR or ../shared/data)"
-    )
+    _data_dir_option(lm)
     lm.add_argument("--out", default="models/odmoe/tiny_moe.pt", help="the checkpoint")
     lm.set_defaults(func=cmd_train_moe_lm)
 
