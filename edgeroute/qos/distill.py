@@ -46,7 +46,7 @@ from policies.qos_action import drawn
 from policies.qos_state import INPUTS
 
 
-class Teacher:
+class OnnxActor:
     """An actor file (an ensemble's, or any run's) run by onnxruntime on batches of
     training observations."""
 
@@ -87,7 +87,7 @@ class Student:
 
 
 def visited(
-    teacher: Teacher,
+    teacher: OnnxActor,
     cfg: TrainConfig,
     dc: DistillConfig,
     data_dir: Path,
@@ -204,7 +204,7 @@ def distill(teacher_dir: Path, data_dir: Path, out: Path, dc: DistillConfig) -> 
     config = read_record(teacher_dir)["config"]
     cfg = replace(TrainConfig.from_record({**config, "seed": dc.seed}), seed=dc.seed)
     torch.set_num_threads(cfg.threads)
-    teacher = Teacher(teacher_dir / "actor.onnx")
+    teacher = OnnxActor(teacher_dir / "actor.onnx")
     obs, logits = visited(teacher, cfg, dc, data_dir)
     train, held = split(len(logits), dc)
     student, close = fitted(cfg, dc, obs, logits, (train, held))
@@ -226,7 +226,7 @@ def distill(teacher_dir: Path, data_dir: Path, out: Path, dc: DistillConfig) -> 
     env = make_env(cfg, data_dir, episode_len=512)
     scores = {
         "teacher": eval_score(env, cfg, teacher.policy()),
-        "student": eval_score(env, cfg, Teacher(out / "actor.onnx").policy()),
+        "student": eval_score(env, cfg, OnnxActor(out / "actor.onnx").policy()),
     }
     print(
         f"evaluated on training hardware: ensemble {scores['teacher']['qos']:.3f}, "
@@ -249,4 +249,13 @@ def distill(teacher_dir: Path, data_dir: Path, out: Path, dc: DistillConfig) -> 
     return record
 
 
-__all__ = ["Actor", "DistillConfig", "Student", "Teacher", "distill", "fitted", "split", "visited"]
+__all__ = [
+    "Actor",
+    "DistillConfig",
+    "OnnxActor",
+    "Student",
+    "distill",
+    "fitted",
+    "split",
+    "visited",
+]

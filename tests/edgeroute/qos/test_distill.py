@@ -11,7 +11,7 @@ import pytest
 
 from edgeroute.cli import main
 from edgeroute.qos.config import DistillConfig, TrainConfig, read_record
-from edgeroute.qos.distill import Student, Teacher, fitted, split, visited
+from edgeroute.qos.distill import OnnxActor, Student, fitted, split, visited
 from policies.predictor import MODEL_ROOT, predictor_dir
 from policies.qos_drl import QoSDRL
 from policies.types import RequestInfo
@@ -30,7 +30,7 @@ def run_config() -> TrainConfig:
 
 
 def test_the_states_are_the_teachers_worlds_and_its_logits_on_them() -> None:
-    teacher = Teacher(RUN / "actor.onnx")
+    teacher = OnnxActor(RUN / "actor.onnx")
     cfg = replace(run_config(), envs=4)
     obs, logits = visited(teacher, cfg, replace(SMALL, states=400), DATA_DIR)
     assert logits.shape == (400, cfg.experts + 1)
@@ -44,7 +44,7 @@ def test_the_states_are_the_teachers_worlds_and_its_logits_on_them() -> None:
 
 
 def test_the_fit_comes_closer_to_the_teacher_than_an_untrained_actor() -> None:
-    teacher = Teacher(RUN / "actor.onnx")
+    teacher = OnnxActor(RUN / "actor.onnx")
     cfg = replace(run_config(), envs=4)
     obs, logits = visited(teacher, cfg, SMALL, DATA_DIR)
     _, untrained = fitted(cfg, replace(SMALL, epochs=0), obs, logits)
@@ -56,7 +56,7 @@ def test_the_fit_comes_closer_to_the_teacher_than_an_untrained_actor() -> None:
 def test_a_student_acting_visits_its_own_states_labelled_by_the_teacher() -> None:
     """DAgger's rounds: the worlds are acted by the student, the labels are the
     teacher's on the states the student led to."""
-    teacher = Teacher(RUN / "actor.onnx")
+    teacher = OnnxActor(RUN / "actor.onnx")
     cfg = replace(run_config(), envs=4)
     small = replace(SMALL, states=200)
     own, _ = visited(teacher, cfg, small, DATA_DIR)
