@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from policies.onnx_session import one_thread_session
 from policies.plugins import check_params
 from policies.qos_text import gram_ids
 from policies.types import BackendView, ClusterView, RequestInfo
@@ -45,14 +46,8 @@ class ScorePredictor:
     simulator, use this one."""
 
     def __init__(self, model_dir: Path = DEFAULT_PREDICTOR_DIR) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
         self.folder = model_dir
-        self._session = ort.InferenceSession(
-            str(model_dir / "predictor.onnx"), opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = one_thread_session(model_dir / "predictor.onnx")
         self.models: list[str] = json.loads((model_dir / "predictor.json").read_text())["models"]
         self._experts: dict[tuple[str | None, frozenset[str]], int | None] = {}
         # per tuple of expert indices: the distinct rows to predict, where each index's

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from policies.filters import Healthy, Role, ServesModel
+from policies.onnx_session import one_thread_session
 from policies.pickers import Argmax
 from policies.pipeline import Pipeline
 from policies.plugins import Need
@@ -84,16 +85,10 @@ class QoSDRL:
         `shed=False`: never drop, route to a backend. `sample`: draw the action from the
         actor's distribution rather than take the most likely one. `speed_prior`: read an
         unmeasured backend at the mean measured speed."""
-        import onnxruntime as ort
-
         self.folder = model_dir
         self.predictor = predictor or ScorePredictor(predictor_dir(model_dir))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        self._session = ort.InferenceSession(
-            joined(model_dir / "actor.onnx", self.predictor.folder / "predictor.onnx"),
-            opts,
-            providers=["CPUExecutionProvider"],
+        self._session = one_thread_session(
+            joined(model_dir / "actor.onnx", self.predictor.folder / "predictor.onnx")
         )
         meta = self._session.get_modelmeta().custom_metadata_map
         # an actor trained with the prior is served with it, whatever the route says

@@ -42,6 +42,7 @@ from edgeroute.qos.train import (
     training_predictor,
 )
 from edgeroute.sim.edge import load_tasks
+from policies.onnx_session import one_thread_session
 from policies.qos_action import drawn
 from policies.qos_state import INPUTS
 
@@ -51,11 +52,7 @@ class OnnxActor:
     training observations."""
 
     def __init__(self, actor: Path) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(str(actor), opts, providers=["CPUExecutionProvider"])
+        self.session = one_thread_session(actor)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:

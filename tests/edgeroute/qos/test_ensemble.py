@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from onnxruntime import InferenceSession
 
 from edgeroute.cli import main
 from edgeroute.qos.config import read_record, trained_fleet, trained_latencies
 from edgeroute.qos.ensemble import common_config, ensemble_graph, write_ensemble
 from edgeroute.qos.export import example
+from policies.onnx_session import one_thread_session
 from policies.predictor import MODEL_ROOT, ScorePredictor, predictor_dir
 from policies.qos_drl import QoSDRL
 from policies.qos_graph import TRAINED_WITH_SPEED_PRIOR
@@ -23,14 +24,7 @@ ATTEMPT = MODEL_ROOT / "routerdc" / "attempts" / "big-batch-scrape-nodrop-ep1000
 FULL = [ATTEMPT / f"full-rel-300k-last-s{s}" for s in range(3)]
 
 
-def session(graph: bytes | Path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    source = graph if isinstance(graph, bytes) else str(graph)
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
-
-
-def logits(s: ort.InferenceSession, states: dict[str, np.ndarray]) -> np.ndarray:
+def logits(s: InferenceSession, states: dict[str, np.ndarray]) -> np.ndarray:
     feeds = {i.name: states[i.name] for i in s.get_inputs()}
     out: np.ndarray = s.run(["logits"], feeds)[0]
     return out
@@ -45,10 +39,10 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("n", [3, 6, 12])
 def test_the_ensemble_is_the_log_of_its_members_mean_probabilities(n: int) -> None:
     states = example(64, n, seed=n)
-    members = [logits(session(run / "actor.onnx"), states) for run in FULL]
+    members = [logits(one_thread_session(run / "actor.onnx"), states) for run in FULL]
     # log of the mean, in logs: these actors never drop, so the drop's is about -1e9
     mean = np.logaddexp.reduce([log_softmax(m) for m in members], axis=0) - np.log(len(FULL))
-    got = logits(session(ensemble_graph([run / "actor.onnx" for run in FULL])), states)
+    got = logits(one_thread_session(ensemble_graph([run / "actor.onnx" for run in FULL])), states)
     assert got.shape == (64, n + 1)
     np.testing.assert_allclose(got, mean, rtol=1e-6, atol=1e-5)
     # where the members disagree on their first action, the ensemble is none of them alone
@@ -58,8 +52,8 @@ def test_the_ensemble_is_the_log_of_its_members_mean_probabilities(n: int) -> No
 
 def test_an_ensemble_of_one_ranks_as_its_member() -> None:
     states = example(64, 6, seed=1)
-    alone = logits(session(FULL[0] / "actor.onnx"), states)
-    one = logits(session(ensemble_graph([FULL[0] / "actor.onnx"])), states)
+    alone = logits(one_thread_session(FULL[0] / "actor.onnx"), states)
+    one = logits(one_thread_session(ensemble_graph([FULL[0] / "actor.onnx"])), states)
     np.testing.assert_allclose(one, log_softmax(alone), atol=1e-5)
 
 
@@ -85,7 +79,10 @@ def test_members_served_otherwise_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="metadata differs"):
         ensemble_graph([FULL[0] / "actor.onnx", tmp_path / "actor.onnx"])
     both = ensemble_graph([tmp_path / "actor.onnx", tmp_path / "actor.onnx"])
-    assert session(both).get_modelmeta().custom_metadata_map[TRAINED_WITH_SPEED_PRIOR] == "true"
+    assert (
+        one_thread_session(both).get_modelmeta().custom_metadata_map[TRAINED_WITH_SPEED_PRIOR]
+        == "true"
+    )
 
 
 def test_the_gateway_policy_serves_an_ensemble_and_follows_its_mean(tmp_path: Path) -> None:
