@@ -14,13 +14,13 @@ own actor's nodes per decision.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeroute.qos.config import RECORD, read_record, write_record
+from edgeroute.qos.config import read_record, write_record
 from policies.onnx_nodes import FLOAT, IR_VERSION, OPSET, Nodes
 
 ACTOR = "actor.onnx"
@@ -83,10 +83,11 @@ def ensemble_graph(actors: Sequence[Path]) -> bytes:
     return bytes(out.SerializeToString())
 
 
-def common_config(runs: Sequence[Path]) -> dict[str, Any]:
-    """The training config the runs share (all but MAY_DIFFER); ValueError if they
-    were trained otherwise."""
-    configs = [dict(read_record(r)["config"]) for r in runs]
+def common_config(records: Mapping[Path, dict[str, Any]]) -> dict[str, Any]:
+    """The training config that runs' records (by run) share, all but MAY_DIFFER;
+    ValueError if they were trained otherwise."""
+    runs = list(records)
+    configs = [records[r]["config"] for r in runs]
     shared = {k: v for k, v in configs[0].items() if k not in MAY_DIFFER}
     for run, config in zip(runs, configs, strict=True):
         own = {k: v for k, v in config.items() if k not in MAY_DIFFER}
@@ -100,16 +101,16 @@ def write_ensemble(runs: Sequence[Path], out: Path, commit: str) -> dict[str, An
     """`out/actor.onnx`, the ensemble of `runs` (training runs of one config but their
     seeds), and its record: the members, their seeds and commits, and the config they
     share. Returns the record."""
-    config = common_config(runs)
-    records = [read_record(r) for r in runs]
+    records = {r: read_record(r) for r in runs}
+    config = common_config(records)
     out.mkdir(parents=True, exist_ok=True)
     (out / ACTOR).write_bytes(ensemble_graph([r / ACTOR for r in runs]))
     record = {
         "commit": commit,
         "ensemble": {
             "members": [str(r) for r in runs],
-            "seeds": [rec["config"].get("seed") for rec in records],
-            "commits": [rec.get("commit") for rec in records],
+            "seeds": [rec["config"].get("seed") for rec in records.values()],
+            "commits": [rec.get("commit") for rec in records.values()],
             "combined": "log of the mean of the members' action probabilities",
         },
         "config": config,
@@ -118,4 +119,4 @@ def write_ensemble(runs: Sequence[Path], out: Path, commit: str) -> dict[str, An
     return record
 
 
-__all__ = ["ACTOR", "RECORD", "common_config", "ensemble_graph", "write_ensemble"]
+__all__ = ["ACTOR", "common_config", "ensemble_graph", "write_ensemble"]

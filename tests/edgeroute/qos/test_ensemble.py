@@ -62,7 +62,7 @@ def test_members_that_read_other_inputs_or_trained_otherwise_are_refused() -> No
     with pytest.raises(ValueError, match="reads other inputs"):
         ensemble_graph([FULL[0] / "actor.onnx", baseline / "actor.onnx"])
     with pytest.raises(ValueError, match=r"trained otherwise.*variant"):
-        common_config([FULL[0], ATTEMPT / "dsa-rel-300k-last-s0"])
+        common_config({r: read_record(r) for r in (FULL[0], ATTEMPT / "dsa-rel-300k-last-s0")})
     with pytest.raises(ValueError, match="at least one"):
         ensemble_graph([])
 
