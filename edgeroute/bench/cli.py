@@ -341,6 +341,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "engines' metrics this many ms apart (default: exactly); results of their own",
     )
     qi.set_defaults(func=lambda a: _qos_impact(a))
+    qs = command(
+        "qos-shares", help="where each policy sends requests on the engines, and what it earns"
+    )
+    qs.add_argument("--quick", action="store_true", help="short episodes, files to a temp folder")
+    qs.add_argument("--seed", type=int, default=1, help="seeds from this one + 100, as bench qos")
+    qs.add_argument("--seeds", type=positive_int, default=10, help="environment seeds")
+    qs.add_argument("--json", help="also write the results as JSON here")
+    qs.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=DIR[,DIR...]",
+        help="an agent's training runs, served by their argmax; repeatable",
+    )
+    qs.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
+    qs.add_argument("--n", type=positive_int, default=6, help="engines (the profiles cycled)")
+    qs.add_argument("--rate", type=positive_rate, default=5.0, help="requests per second")
+    qs.add_argument(
+        "--latency-ms", type=positive_ms, default=30.0, help="the latency target L per token"
+    )
+    qs.add_argument(
+        "--scrape-ms",
+        type=positive_ms,
+        help="the policies see the engines from scrapes this many ms apart (default: exactly)",
+    )
+    qs.set_defaults(func=lambda a: _qos_shares(a))
     qp = command("qos-pool", help="live QoS runs of one setting pooled over all their seeds")
     qp.add_argument(
         "runs", nargs="+", type=Path, metavar="RESULTS.json", help="`bench qos --live` results"
@@ -563,12 +589,9 @@ def _serving(a: argparse.Namespace) -> dict[str, dict[str, bool]]:
 
 
 def _qos(a: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from edgeroute.bench.qos import main
 
-    models = dict(m.split("=", 1) for m in a.model)
-    runs = {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
+    runs = model_runs(a.model)
     ignored = _ignored_by_mode(a)
     if ignored:
         raise SystemExit(f"edgeroute bench qos: {ignored}")
@@ -762,6 +785,19 @@ def _qos_impact(a: argparse.Namespace) -> None:
     if refused:
         raise SystemExit(f"edgeroute bench qos-impact: {refused}")
     main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), hardware_from(a), a.scrape_ms)
+
+
+def model_runs(given: list[str]) -> dict[str, list[Path]]:
+    """`--model NAME=DIR[,DIR...]` options as each agent's training runs."""
+    models = dict(m.split("=", 1) for m in given)
+    return {k: [Path(d) for d in v.split(",")] for k, v in models.items()}
+
+
+def _qos_shares(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_shares import main
+
+    runs = model_runs(a.model)
+    main(a.quick, a.seed, a.seeds, a.json, runs, a.quality, a.scrape_ms, a.n, a.rate, a.latency_ms)
 
 
 def _qos_pool(a: argparse.Namespace) -> None:

@@ -222,6 +222,16 @@ class Physics:
         return ", ".join(said)
 
 
+def heuristics(quality: Quality) -> dict[str, Policy]:
+    """The heuristics every sweep measures: BR (the gateway's `best_predicted` with the
+    world's predictor), RR, SQF, SQF+predicted and least-load by the engines' queues."""
+    return {
+        "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
+        **BASELINES,
+        "least_load": served(build_pipeline(PipelineSpec(policy="least_load"))),
+    }
+
+
 def variant_named(
     base: str,
     first_seed: int = 1,
@@ -354,12 +364,7 @@ def main(
     result_name, model_flags = agents_named(base, models, serving)
     refuse_other_serving(result_name, serving, quick)
     models = models or trained_runs(quality)
-    heuristics: dict[str, Policy] = {
-        "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
-        **BASELINES,
-    }
-    heuristics["least_load"] = served(build_pipeline(PipelineSpec(policy="least_load")))
-    fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics.items()}
+    fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics(quality).items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})
 
     # An agent normalises its features by the latency target it serves, so each

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgeroute.sim.edge import EdgeEnv, cluster_view
+from edgeroute.sim.edge import EdgeEnv, Req, cluster_view
 from policies.types import ClusterView, Decision, RequestInfo
 
 Policy = Callable[[EdgeEnv, int], int]  # (env, decision index) -> action
@@ -91,17 +91,35 @@ class Score:
     drop_rate: float
 
 
+def episode(env: EdgeEnv, policy: Policy, seed: int) -> list[tuple[int, Req]]:
+    """Run one episode of `env` from `seed` under `policy` to its end, every routed
+    request finished; returns each routed request with its expert's index (drops and
+    refusals are in `env.finished` and `env.dropped`, not here)."""
+    env.reset(seed)
+    routed = []
+    done, i = False, 0
+    while not done:
+        action = policy(env, i)
+        _, done = env.step(action)
+        if env.last_request is not None:
+            routed.append((action - 1, env.last_request))
+        i += 1
+    env.drain()
+    return routed
+
+
+def episode_qos(env: EdgeEnv) -> float:
+    """The mean QoS of an episode run to its end (`episode`), per request that arrived:
+    a dropped or refused request counts 0."""
+    return sum(env.qos(r) for r in env.finished) / len(env.finished)
+
+
 def evaluate(env: EdgeEnv, policy: Policy, seeds: list[int]) -> Score:
     qos, lat, drops = [], [], []
     for seed in seeds:
-        env.reset(seed)
-        done, i = False, 0
-        while not done:
-            _, done = env.step(policy(env, i))
-            i += 1
-        env.drain()
+        episode(env, policy, seed)
         served = [r for r in env.finished if math.isfinite(r.done_at)]
-        qos.append(sum(env.qos(r) for r in served) / len(env.finished))
+        qos.append(episode_qos(env))
         lat.append(
             statistics.fmean(r.latency_per_token(r.done_at) for r in served) if served else math.nan
         )

@@ -1,0 +1,154 @@
+"""Where each policy sends its requests, and what each engine gives back for them:
+`edgeroute bench qos-shares`.
+
+On the live run's engines (`engine_experts`) at one setting (N, lambda, L), every
+policy's routed requests are counted engine by engine over the environment seeds: the
+share of them it sent there, their mean score (the quality of the answers it chose),
+the share that met L, and the mean QoS (eq. 1) they earned. Where an agent falls behind
+at one setting, this says where: an engine sent more than it can serve within L, or
+requests sent where L cannot be met at all. An agent's training runs are pooled, each
+run on every seed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeroute.bench.qos import Sweep, agents_named, heuristics, scrape_named
+from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_dir, quality_suffix
+from edgeroute.qos.evaluate import Policy, episode, episode_qos, served
+from edgeroute.results_io import Plot, recorded, write
+from edgeroute.sim.edge import QUALITY_MODELS, Quality, ServedPredictor, engine_fleet, load_tasks
+from policies.predictor import load_predictor
+from policies.qos_drl import load
+
+COLUMNS = ["policy", "engine", "sent", "score", "met", "qos", "policy_qos"]
+
+
+@dataclass(frozen=True)
+class EngineShare:
+    """One policy's requests on one engine, pooled over seeds (and training runs)."""
+
+    engine: str
+    sent: float  # share of the policy's routed requests
+    score: float | None  # their mean score; None if it sent none
+    met: float | None  # the share of them that met L
+    qos: float | None  # their mean QoS
+
+
+def engine_shares(
+    sweep: Sweep,
+    runs: Sequence[Policy],
+    seeds: Sequence[int],
+    n: int,
+    rate: float,
+    latency_ms: float,
+) -> tuple[list[EngineShare], float]:
+    """Each engine's share of the routed requests of `runs` (a policy's training runs,
+    or the one heuristic) over `seeds`, and the policy's mean QoS per episode (drops
+    count 0, as `evaluate` counts them)."""
+    names = [
+        f"{profile} ({model.split('/')[-1]})"
+        for profile, model in engine_fleet(QUALITY_MODELS[sweep.quality], n)
+    ]
+    count, score, met, qos = [0] * n, [0.0] * n, [0] * n, [0.0] * n
+    per_episode = []
+    for policy in runs:
+        for k, seed in enumerate(seeds):
+            env = sweep.env(k, n=n, rate=rate, latency_ms=latency_ms, on="engines")
+            for e, req in episode(env, policy, seed):
+                count[e] += 1
+                score[e] += req.score
+                met[e] += req.latency_per_token(req.done_at) <= env.L
+                qos[e] += env.qos(req)
+            per_episode.append(episode_qos(env))
+    total = sum(count) or 1
+    shares = [
+        EngineShare(
+            names[e],
+            count[e] / total,
+            score[e] / count[e] if count[e] else None,
+            met[e] / count[e] if count[e] else None,
+            qos[e] / count[e] if count[e] else None,
+        )
+        for e in range(n)
+    ]
+    return shares, statistics.fmean(per_episode)
+
+
+def main(
+    quick: bool,
+    seed: int,
+    n_seeds: int,
+    json_path: str | None,
+    models: dict[str, list[Path]],
+    quality: Quality,
+    scrape_ms: float | None,
+    n: int = 6,
+    rate: float = DEFAULT_RATE,
+    latency_ms: float = DEFAULT_LATENCY_MS,
+) -> None:
+    """Every heuristic of `bench qos` and each agent in `models` (its training runs) at
+    one setting on the engines' fleet, on environment seeds `seed` + 100 onwards (as
+    `bench qos` numbers them), episodes of 512 decisions (`quick`: 128, and the files
+    go to a temporary folder)."""
+    from workers.quality import default_data_dir
+
+    seeds = [seed + 100 + i for i in range(n_seeds)]
+    sweep = Sweep(
+        tasks=load_tasks(default_data_dir(), split="eval", quality=quality),
+        predictor=ServedPredictor(load_predictor(quality_dir(quality))),
+        trace=(),
+        quality=quality,
+        hardware="engines",
+        episode=128 if quick else 512,
+        scrape_ms=scrape_ms,
+    )
+    policies: dict[str, list[Policy]] = {k: [v] for k, v in heuristics(quality).items()}
+    for name, dirs in models.items():
+        policies[name] = [served(load(d, latency_ms)) for d in dirs]
+    rows: list[dict[str, Any]] = []
+    for name, runs in policies.items():
+        shares, mean_qos = engine_shares(sweep, runs, seeds, n, rate, latency_ms)
+        print(f"  {name:<14} QoS {mean_qos:.3f}", flush=True)
+        rows += [{"policy": name, **asdict(s), "policy_qos": mean_qos} for s in shares]
+    setting = f"_N-{n}_lambda-{rate:g}_L-{latency_ms:g}ms_seed-{seed}_seeds-{n_seeds}"
+    base, scrape_flag = scrape_named("qos_shares" + quality_suffix(quality), scrape_ms)
+    name, model_flags = agents_named(base + setting, models, {})
+    write(
+        name,
+        {
+            "command": f"edgeroute bench qos-shares --quality {quality}{scrape_flag} --n {n} "
+            f"--rate {rate:g} --latency-ms {latency_ms:g} --seed {seed} "
+            f"--seeds {n_seeds}{model_flags}",
+            "quality": quality,
+            "seeds": seeds,
+            "n": n,
+            "rate": rate,
+            "latency_ms": latency_ms,
+            "scrape_ms": scrape_ms,
+            "models": {k: [recorded(d) for d in v] for k, v in models.items()},
+        },
+        rows,
+        COLUMNS,
+        json_path,
+        quick=quick,
+        notes=(
+            "Per engine of the live run's fleet: `sent`, the share of the policy's routed "
+            "requests it sent there (pooled over seeds and an agent's training runs); "
+            "`score`, their mean score; `met`, the share that met L; `qos`, their mean "
+            "QoS (eq. 1). `policy_qos`: the policy's mean QoS per episode, drops and "
+            "refusals counted 0."
+        ),
+        plot=Plot(
+            x="engine",
+            y=("sent", "met", "qos"),
+            group=("policy",),
+            title=f"where each policy sends requests, N = {n}, lambda = {rate:g}, "
+            f"L = {latency_ms:g} ms",
+        ),
+    )

@@ -1,0 +1,92 @@
+"""`bench qos-shares`: where each policy sends its requests on the engines, and what
+each engine gives back."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from edgeroute.bench.qos import Sweep
+from edgeroute.bench.qos_shares import engine_shares, main
+from edgeroute.qos.evaluate import BASELINES, evaluate
+from edgeroute.sim.edge import EdgeEnv
+from tests.support import DATA_DIR, needs_data
+from workers.profiles import PROFILES
+
+SEEDS = [3, 4]
+
+
+def _sweep() -> Sweep:
+    from edgeroute.qos.config import quality_dir
+    from edgeroute.sim.edge import ServedPredictor, load_tasks
+    from policies.predictor import load_predictor
+
+    return Sweep(
+        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
+        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+        trace=[],
+        quality="routerdc",
+        hardware="engines",
+        episode=96,
+        scrape_ms=1000,
+    )
+
+
+@needs_data("the RouterDC data")
+def test_the_engines_shares_add_up_to_the_qos_evaluate_gives() -> None:
+    """SQF drops nothing, so every arrival is on some engine: the shares sum to 1, the
+    shares weighted by each engine's QoS are the policy's QoS, and that is `evaluate`'s
+    on the same seeds."""
+    sweep = _sweep()
+    shares, qos = engine_shares(sweep, [BASELINES["SQF"]], SEEDS, 6, 5.0, 30.0)
+    assert math.isclose(sum(s.sent for s in shares), 1.0)
+    assert math.isclose(sum(s.sent * (s.qos or 0.0) for s in shares), qos)
+    evaluated = [
+        evaluate(sweep.env(k, rate=5.0, latency_ms=30.0), BASELINES["SQF"], [seed]).qos
+        for k, seed in enumerate(SEEDS)
+    ]
+    assert qos == statistics.fmean(evaluated)
+    assert all(s.met is not None and s.qos is not None and s.qos <= s.met for s in shares)
+
+
+@needs_data("the RouterDC data")
+def test_a_policy_that_sends_everything_to_one_engine_has_it_all_there() -> None:
+    def first(env: EdgeEnv, i: int) -> int:
+        return 1
+
+    shares, _ = engine_shares(_sweep(), [first], SEEDS, 6, 5.0, 30.0)
+    assert [s.sent for s in shares] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert all(s.score is None and s.met is None and s.qos is None for s in shares[1:])
+
+
+@needs_data("the RouterDC data")
+def test_an_engine_slower_per_iteration_than_l_never_meets_it() -> None:
+    """Round-robin sends to every engine; one whose iteration alone takes longer than
+    L per token cannot meet L, whatever its load, and earns nothing."""
+    shares, _ = engine_shares(_sweep(), [BASELINES["RR"]], SEEDS, 6, 5.0, 30.0)
+    slow = [s for s in shares if PROFILES[s.engine.split(" ")[0]].base > 0.030]
+    assert slow, "the engines' fleet has profiles slower than 30 ms an iteration"
+    assert all(s.sent > 0 and s.met == 0.0 and s.qos == 0.0 for s in slow)
+    assert any(s.met for s in shares)
+
+
+@needs_data("the RouterDC data")
+def test_the_command_writes_its_table_with_every_policy_on_every_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEROUTE_DATA_DIR", str(DATA_DIR))
+    out = tmp_path / "shares.json"
+    main(True, 1, 1, str(out), {}, "routerdc", 1000.0, n=3, rate=8.0)
+    written = json.loads(out.read_text())
+    assert written["benchmark"] == "qos_shares_routerdc_scrape-1000ms_N-3_lambda-8_L-30ms_seed-1_seeds-1"
+    assert written["config"]["command"] == (
+        "edgeroute bench qos-shares --quality routerdc --scrape-ms 1000 --n 3 --rate 8 "
+        "--latency-ms 30 --seed 1 --seeds 1"
+    )
+    policies = {r["policy"] for r in written["results"]}
+    assert policies == {"BR", "RR", "SQF", "SQF+predicted", "least_load"}
+    assert len(written["results"]) == 3 * len(policies)
