@@ -25,6 +25,7 @@ from edgeroute.results_io import Plot, recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, Quality, ServedPredictor, engine_fleet, load_tasks
 from policies.predictor import load_predictor
 from policies.qos_drl import load
+from workers.profiles import PROFILES
 
 COLUMNS = ["policy", "engine", "sent", "score", "met", "qos", "policy_qos"]
 
@@ -33,7 +34,7 @@ COLUMNS = ["policy", "engine", "sent", "score", "met", "qos", "policy_qos"]
 class EngineShare:
     """One policy's requests on one engine, pooled over seeds (and training runs)."""
 
-    engine: str
+    engine: str  # the model it answers as @ its profile's milliseconds an iteration
     sent: float  # share of the policy's routed requests
     score: float | None  # their mean score; None if it sent none
     met: float | None  # the share of them that met L
@@ -52,7 +53,7 @@ def engine_shares(
     or the one heuristic) over `seeds`, and the policy's mean QoS per episode (drops
     count 0, as `evaluate` counts them)."""
     names = [
-        f"{profile} ({model.split('/')[-1]})"
+        f"{model.split('/')[-1]} @ {PROFILES[profile].base * 1e3:g} ms"
         for profile, model in engine_fleet(QUALITY_MODELS[sweep.quality], n)
     ]
     count, score, met, qos = [0] * n, [0.0] * n, [0] * n, [0.0] * n

@@ -13,7 +13,7 @@ import pytest
 from edgeroute.bench.qos import Sweep
 from edgeroute.bench.qos_shares import engine_shares, main
 from edgeroute.qos.evaluate import BASELINES, evaluate
-from edgeroute.sim.edge import EdgeEnv
+from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, engine_fleet
 from tests.support import DATA_DIR, needs_data
 from workers.profiles import PROFILES
 
@@ -68,7 +68,8 @@ def test_an_engine_slower_per_iteration_than_l_never_meets_it() -> None:
     """Round-robin sends to every engine; one whose iteration alone takes longer than
     L per token cannot meet L, whatever its load, and earns nothing."""
     shares, _ = engine_shares(_sweep(), [BASELINES["RR"]], SEEDS, 6, 5.0, 30.0)
-    slow = [s for s in shares if PROFILES[s.engine.split(" ")[0]].base > 0.030]
+    profiles = [profile for profile, _ in engine_fleet(QUALITY_MODELS["routerdc"], 6)]
+    slow = [s for s, p in zip(shares, profiles, strict=True) if PROFILES[p].base > 0.030]
     assert slow, "the engines' fleet has profiles slower than 30 ms an iteration"
     assert all(s.sent > 0 and s.met == 0.0 and s.qos == 0.0 for s in slow)
     assert any(s.met for s in shares)
@@ -82,7 +83,10 @@ def test_the_command_writes_its_table_with_every_policy_on_every_engine(
     out = tmp_path / "shares.json"
     main(True, 1, 1, str(out), {}, "routerdc", 1000.0, n=3, rate=8.0)
     written = json.loads(out.read_text())
-    assert written["benchmark"] == "qos_shares_routerdc_scrape-1000ms_N-3_lambda-8_L-30ms_seed-1_seeds-1"
+    assert (
+        written["benchmark"]
+        == "qos_shares_routerdc_scrape-1000ms_N-3_lambda-8_L-30ms_seed-1_seeds-1"
+    )
     assert written["config"]["command"] == (
         "edgeroute bench qos-shares --quality routerdc --scrape-ms 1000 --n 3 --rate 8 "
         "--latency-ms 30 --seed 1 --seeds 1"
