@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import pytest
@@ -38,6 +38,9 @@ from gateway.serving import Listener, gateway_listener, make_server
 from gateway.settings import BackendConfig, Settings
 from workers.engine import Sequence
 from workers.server import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from edgeroute.bench.qos import Sweep
 
 T = TypeVar("T")
 DATA_DIR = Path(os.environ.get("EDGEROUTE_DATA_DIR", Path(__file__).parents[2] / "shared" / "data"))
@@ -50,6 +53,23 @@ def needs_data(what: str, path: Path = DATA_DIR) -> pytest.MarkDecorator:
         not path.exists() and not os.environ.get("CI"),
         reason=f"needs {what}: {path} is missing (the shared data folder is "
         "../shared/data beside the checkout, or $EDGEROUTE_DATA_DIR; see the README's Data)",
+    )
+
+
+def routerdc_sweep(**kw: Any) -> Sweep:
+    """A sweep of the RouterDC world as `bench qos` builds it: the evaluation prompts and
+    the served predictor, no trace unless given, the rest as `kw` says."""
+    from edgeroute.bench.qos import Sweep
+    from edgeroute.qos.config import quality_dir
+    from edgeroute.sim.edge import ServedPredictor, load_tasks
+    from policies.predictor import load_predictor
+
+    kw.setdefault("trace", [])
+    return Sweep(
+        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
+        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
+        quality="routerdc",
+        **kw,
     )
 
 

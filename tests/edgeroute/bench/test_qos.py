@@ -14,7 +14,6 @@ import pytest
 
 from edgeroute.bench.qos import (
     Physics,
-    Sweep,
     agents_named,
     judge,
     main,
@@ -26,7 +25,7 @@ from edgeroute.bench.qos import (
 from edgeroute.sim.edge import EdgeEnv
 from edgeroute.stats import shown
 from policies.predictor import MODEL_ROOT
-from tests.support import DATA_DIR, needs_data, write_trace
+from tests.support import DATA_DIR, needs_data, routerdc_sweep, write_trace
 
 
 def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
@@ -278,22 +277,6 @@ def test_a_trace_too_short_for_every_seed_gives_its_point_the_seeds_it_holds(
         main(True, 1, str(out), agent, str(write_trace(trace, 257)), quality="routerdc")
 
 
-def _routerdc_sweep(**kw: Any) -> Sweep:
-    """A sweep of the RouterDC world as `bench qos` builds it: the evaluation prompts and
-    the served predictor, no trace unless given, the rest as `kw` says."""
-    from edgeroute.qos.config import quality_dir
-    from edgeroute.sim.edge import ServedPredictor, load_tasks
-    from policies.predictor import load_predictor
-
-    kw.setdefault("trace", [])
-    return Sweep(
-        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
-        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
-        quality="routerdc",
-        **kw,
-    )
-
-
 @needs_data("the RouterDC data")
 def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed() -> None:
     """Committed results come from the code that is here: (65)'s sweep on the live
@@ -313,7 +296,7 @@ def test_the_committed_engines_sweep_is_what_this_code_gives_on_its_first_seed()
     first_seed = committed["config"]["seeds"][0]
     first_run = Path(committed["config"]["models"]["last5-full"][0])
     rows = {r["policy"]: r for r in committed["results"] if r["setting"] == "default"}
-    sweep = _routerdc_sweep(
+    sweep = routerdc_sweep(
         trace=read_azure(DATA_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz"),
         hardware="engines",
         scrape_ms=1000,
@@ -347,7 +330,7 @@ def test_a_time_scale_lengthens_every_experts_time_constants_wherever_they_are()
     from edgeroute.qos.evaluate import evaluate, served
     from policies import PipelineSpec, build_pipeline
 
-    sweep = _routerdc_sweep()
+    sweep = routerdc_sweep()
     slow = replace(sweep, physics=Physics(1.02))
     for on in ("seed-0", "held-out", "engines"):
         before, after = sweep.env(3, on=on).specs, slow.env(3, on=on).specs
@@ -669,7 +652,7 @@ def test_with_the_prefix_cache_a_concentrating_policy_skips_prefill_and_answers_
     from edgeroute.qos.evaluate import BASELINES, evaluate, served
     from policies import PipelineSpec, build_pipeline
 
-    sweep = _routerdc_sweep(hardware="engines")
+    sweep = routerdc_sweep(hardware="engines")
     cached = replace(sweep, physics=Physics(prefix_cache=True))
     br = served(build_pipeline(PipelineSpec(**best_predicted("routerdc"))))
 

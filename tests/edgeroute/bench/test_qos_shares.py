@@ -14,26 +14,14 @@ from edgeroute.bench.qos import Sweep
 from edgeroute.bench.qos_shares import engine_shares, main
 from edgeroute.qos.evaluate import BASELINES, evaluate
 from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, engine_fleet
-from tests.support import DATA_DIR, needs_data
+from tests.support import DATA_DIR, needs_data, routerdc_sweep
 from workers.profiles import PROFILES
 
 SEEDS = [3, 4]
 
 
 def _sweep() -> Sweep:
-    from edgeroute.qos.config import quality_dir
-    from edgeroute.sim.edge import ServedPredictor, load_tasks
-    from policies.predictor import load_predictor
-
-    return Sweep(
-        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
-        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
-        trace=[],
-        quality="routerdc",
-        hardware="engines",
-        episode=96,
-        scrape_ms=1000,
-    )
+    return routerdc_sweep(hardware="engines", episode=96, scrape_ms=1000)
 
 
 @needs_data("the RouterDC data")
