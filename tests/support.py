@@ -57,20 +57,11 @@ def needs_data(what: str, path: Path = DATA_DIR) -> pytest.MarkDecorator:
 
 
 def routerdc_sweep(**kw: Any) -> Sweep:
-    """A sweep of the RouterDC world as `bench qos` builds it: the evaluation prompts and
-    the served predictor, no trace unless given, the rest as `kw` says."""
+    """The RouterDC world's sweep as `bench qos` builds it (`Sweep.of`), from the shared
+    data folder, the rest as `kw` says."""
     from edgeroute.bench.qos import Sweep
-    from edgeroute.qos.config import quality_dir
-    from edgeroute.sim.edge import ServedPredictor, load_tasks
-    from policies.predictor import load_predictor
 
-    kw.setdefault("trace", [])
-    return Sweep(
-        tasks=load_tasks(DATA_DIR, split="eval", quality="routerdc"),
-        predictor=ServedPredictor(load_predictor(quality_dir("routerdc"))),
-        quality="routerdc",
-        **kw,
-    )
+    return Sweep.of("routerdc", DATA_DIR, **kw)
 
 
 def write_trace(path: Path, requests: int) -> Path:

@@ -277,6 +277,18 @@ class Sweep:
     scrape_ms: float | None = None
     physics: Physics = Physics()
 
+    @classmethod
+    def of(cls, quality: Quality, data_dir: Path, **kw: Any) -> Sweep:
+        """The `quality` world's sweep: its evaluation prompts in `data_dir` and its
+        served predictor, no trace unless given, the rest as `kw` says."""
+        kw.setdefault("trace", ())
+        return cls(
+            tasks=load_tasks(data_dir, split="eval", quality=quality),
+            predictor=ServedPredictor(load_predictor(quality_dir(quality))),
+            quality=quality,
+            **kw,
+        )
+
     def env(
         self,
         k: int,
@@ -352,11 +364,9 @@ def main(
     serving = serving or {}
     check_serving(models, serving)
     data = default_data_dir()
-    tasks = load_tasks(data, split="eval", quality=quality)
     usual = 1 if quick else 10
     seeds = [seed + 100 + i for i in range(n_seeds or usual)]
     episode = 256 if quick else 512
-    predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     base, scrape_flag = scrape_named("qos" + quality_suffix(quality) + fleet.suffix(), scrape_ms)
     base, variant_flags = variant_named(
         base, seed, hardware, None if n_seeds == usual else n_seeds, physics
@@ -384,11 +394,10 @@ def main(
         return {**fixed, **agents}
 
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")
-    sweep = Sweep(
-        tasks=tasks,
-        predictor=predictor,
+    sweep = Sweep.of(
+        quality,
+        data,
         trace=read_azure(trace_path),  # once: every environment reads a window of it
-        quality=quality,
         fleet=fleet,
         hardware=hardware,
         episode=episode,
@@ -490,7 +499,7 @@ def main(
         "figure on a seed is the mean of its training runs there, and intervals are over "
         "the environment seeds (`qos_ci`: mean and 95% half-width). Predictions are the "
         "served predictor's own outputs; prompts are "
-        f"the evaluation split ({len(tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
+        f"the evaluation split ({len(sweep.tasks)} {QUALITY_PROMPTS[quality]}; no model here trained on "
         "them). "
         + {
             "seed-0": "Hardware is seed 0 or, for `held-out hardware`, seeds "

@@ -24,15 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import Physics, Sweep, recorded_serving, refuse_other_serving
+from edgeroute.bench.qos import Physics, Sweep, heuristics, recorded_serving, refuse_other_serving
 from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream
-from edgeroute.qos.config import best_predicted, quality_dir
-from edgeroute.qos.evaluate import BASELINES, Policy, evaluate, served
+from edgeroute.qos.evaluate import Policy, evaluate, served
 from edgeroute.results_io import Plot, write
-from edgeroute.sim.edge import Arrival, Quality, ServedPredictor, Task, load_tasks
+from edgeroute.sim.edge import Arrival, Quality, Task
 from edgeroute.stats import paired, paired_each, shown
-from policies import PipelineSpec, build_pipeline
-from policies.predictor import load_predictor
 from policies.qos_drl import load
 
 COLUMNS = [
@@ -138,12 +135,9 @@ class Replay:
         self.config = config
         self.lateness = lateness or Lateness()
         self.quality = recorded_quality(config)
-        self.pool = load_tasks(default_data_dir(), split="eval", quality=self.quality)
-        self.sweep = Sweep(
-            tasks=self.pool,
-            predictor=ServedPredictor(load_predictor(quality_dir(self.quality))),
-            trace=(),
-            quality=self.quality,
+        self.sweep = Sweep.of(
+            self.quality,
+            default_data_dir(),
             hardware="engines",
             scrape_ms=config["scrape_ms"],
             physics=physics,
@@ -154,11 +148,8 @@ class Replay:
         runs served as they were."""
         quality, latency_ms = self.quality, self.config["latency_ms"]
         serving = recorded_serving(self.config["command"])
-        policies: dict[str, list[Policy]] = {
-            "RR": [BASELINES["RR"]],
-            "least_load": [served(build_pipeline(PipelineSpec(policy="least_load")))],
-            "BR": [served(build_pipeline(PipelineSpec(**best_predicted(quality))))],
-        }
+        fixed = heuristics(quality)
+        policies: dict[str, list[Policy]] = {k: [fixed[k]] for k in ("RR", "least_load", "BR")}
         for name, runs in self.config["models"].items():
             params = serving.get(name, {})
             policies[name] = [served(load(Path(d), latency_ms, **params)) for d in runs]
@@ -170,7 +161,7 @@ class Replay:
         c = self.config
         sim, prompt, cached = [], 0, 0
         for k, seed in enumerate(c["seeds"]):
-            tasks, gaps = live_stream(self.pool, seed, c["requests_per_seed"], c["rate"])
+            tasks, gaps = live_stream(self.sweep.tasks, seed, c["requests_per_seed"], c["rate"])
             draws = []
             for stream in self.lateness.streams(tasks, gaps, seed):
                 env = self.sweep.env(0, c["engines"], c["rate"], c["latency_ms"], stream=stream)

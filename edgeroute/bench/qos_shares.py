@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos import Sweep, agents_named, heuristics, scrape_named
-from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_dir, quality_suffix
+from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_suffix
 from edgeroute.qos.evaluate import Policy, episode, episode_qos, served
 from edgeroute.results_io import Plot, recorded, write
-from edgeroute.sim.edge import QUALITY_MODELS, Quality, ServedPredictor, engine_fleet, load_tasks
-from policies.predictor import load_predictor
+from edgeroute.sim.edge import QUALITY_MODELS, Quality, engine_fleet
 from policies.qos_drl import load
 from workers.profiles import PROFILES
 
@@ -100,11 +99,9 @@ def main(
     from workers.quality import default_data_dir
 
     seeds = [seed + 100 + i for i in range(n_seeds)]
-    sweep = Sweep(
-        tasks=load_tasks(default_data_dir(), split="eval", quality=quality),
-        predictor=ServedPredictor(load_predictor(quality_dir(quality))),
-        trace=(),
-        quality=quality,
+    sweep = Sweep.of(
+        quality,
+        default_data_dir(),
         hardware="engines",
         episode=128 if quick else 512,
         scrape_ms=scrape_ms,

@@ -56,7 +56,7 @@ def test_a_replayed_stream_routes_every_live_request_at_its_instant() -> None:
     routed. Replaying again gives the same episode."""
     config = {**_committed(LIVE)["config"], "seeds": [7], "requests_per_seed": 60}
     replay = Replay(config, Physics())
-    tasks, gaps = live_stream(replay.pool, 7, 60, config["rate"])
+    tasks, gaps = live_stream(replay.sweep.tasks, 7, 60, config["rate"])
     stream = replayed(tasks, gaps)
     assert len(stream) == 61 and stream[-1] == stream[-2]
     env = replay.sweep.env(0, config["engines"], config["rate"], 30.0, stream=stream)
@@ -106,7 +106,7 @@ def test_a_speed_prior_spreads_an_agent_that_herded_onto_the_engine_it_measured_
     live = _committed(TWELVE)["config"]
     replay = Replay(live, Physics(1.02, prefix_cache=True), Lateness(10))
     seed, run = live["seeds"][8], Path(__file__).parents[3] / live["models"]["last5-dsa"][3]
-    tasks, gaps = live_stream(replay.pool, seed, live["requests_per_seed"], live["rate"])
+    tasks, gaps = live_stream(replay.sweep.tasks, seed, live["requests_per_seed"], live["rate"])
     (stream,) = replay.lateness.streams(tasks, gaps, seed)
 
     def episode(prior: bool) -> tuple[float, float]:
