@@ -246,6 +246,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         rate=args.rate,
         latency_ms=args.latency_ms,
         randomise=args.randomise,
+        rates=args.rates,
         latencies_ms=args.latencies,
         latency_over_fastest=args.latency_over_fastest,
         fleet=fleet_from(args),
@@ -582,7 +583,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--randomise",
         action=argparse.BooleanOptionalAction,
         default=t.randomise,
-        help="draw each episode's lambda in [3, 8]/s and L in --latencies",
+        help="draw each episode's lambda in --rates and L in --latencies",
+    )
+    q.add_argument(
+        "--rates",
+        type=positive_range,
+        default=t.rates,
+        metavar="LO,HI",
+        help="with --randomise: the range each episode's lambda (per second) is drawn from",
     )
     q.add_argument(
         "--latencies",

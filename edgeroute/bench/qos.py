@@ -40,6 +40,7 @@ from edgeroute.qos.config import (
     quality_suffix,
     trained_fleet,
     trained_latencies,
+    trained_rates,
 )
 from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
 from edgeroute.results_io import output_dir, recorded, save_figure, table, write
@@ -487,11 +488,12 @@ def main(
         for name, runs in models.items()
         for n in (6, 12)
     ]
+    rates = sorted({trained_rates(d) for dirs in models.values() for d in dirs})
     latencies = sorted({trained_latencies(d) for dirs in models.values() for d in dirs})
     fleets = sorted({trained_fleet(d).describe() for dirs in models.values() for d in dirs})
     notes = [
-        f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in [3, 8]/s "
-        f"and L in {' or '.join(latencies)} per episode, on hardware seeds 1-10000 "
+        f"Paper's claim: {PAPER_CLAIM}. Agents trained at N=6 with lambda drawn in "
+        f"{' or '.join(rates)} and L in {' or '.join(latencies)} per episode, on hardware seeds 1-10000 "
         f"({'; or '.join(fleets)}; evaluated on "
         f"{'the live engines' if hardware == 'engines' else fleet.describe()}) and the agent split "
         "of the prompts, and are evaluated unchanged here (pointer heads take any N). "

@@ -19,6 +19,7 @@ from edgeroute.qos.config import (
     latency_range,
     quality_flag,
     quality_suffix,
+    rate_range,
     read_record,
     recorded_runs,
 )
@@ -354,7 +355,7 @@ def card_text(
         f"from seeds {TRAIN_HARDWARE.start}-{TRAIN_HARDWARE.stop - 1} "
         f"({Fleet.from_record(cfg).describe()})"
         + (
-            f", lambda in [3, 8]/s and L in {latencies}."
+            f", lambda in {rate_range(cfg)} and L in {latencies}."
             if cfg.get("randomise")
             else f", lambda={cfg['rate']}/s, L={cfg['latency_ms']} ms."
         ),

@@ -81,6 +81,13 @@ SWEEP_LATENCIES_MS = (20.0, 25.0, 40.0)
 KEEP = ("best", "last")  # the actor a training run exports (`TrainConfig.keep`)
 
 
+def rate_range(config: dict[str, Any]) -> str:
+    """How a training config drew each episode's lambda: "[3, 8]/s". Configs from
+    before the range was a setting drew from `RATES`."""
+    low, high = config.get("rates", RATES)
+    return f"[{low:g}, {high:g}]/s"
+
+
 def latency_range(config: dict[str, Any]) -> str:
     """How a training config drew each episode's L: "[20, 40] ms", or relative to the
     fleet's fastest expert. Configs from before the range was a setting drew from
@@ -135,6 +142,11 @@ def trained_latencies(run: Path) -> str:
     return latency_range(_record_config(run))
 
 
+def trained_rates(run: Path) -> str:
+    """`rate_range` of a training run, as its record says."""
+    return rate_range(_record_config(run))
+
+
 def trained_fleet(run: Path) -> Fleet:
     """The fleet a training run's experts were drawn from, as its record says."""
     return Fleet.from_record(_record_config(run))
@@ -163,7 +175,11 @@ class TrainConfig:
     # while its request ran (`EdgeEnv.hindsight_impact`), or "shared": that with each
     # loss shared among the requests that caused it (`EdgeEnv.hindsight_charges`)
     impact: str = "reached"
-    randomise: bool = True  # each episode draws lambda in RATES and L in `latencies_ms`
+    randomise: bool = True  # each episode draws lambda in `rates` and L in `latencies_ms`
+    # The range lambda (requests per second) is drawn from: the paper's sweep by default.
+    # A wider one puts the sweep's heaviest load inside what training sees rather than
+    # at its edge (see docs/research.md, (131)).
+    rates: tuple[float, float] = RATES
     # The range L is drawn from: the paper's sweep by default. A wider one reaches below
     # it, where some experts' hardware cannot meet L at all (see docs/research.md).
     latencies_ms: tuple[float, float] = LATENCIES_MS
@@ -224,6 +240,7 @@ class TrainConfig:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.keep not in KEEP:
             raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
+        check_range(self.rates, "lambda per second")
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:
             check_range(self.latency_over_fastest, "L's factor over the fastest expert")

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from edgeroute.qos.config import (
-    RATES,
     SWEEP_LATENCIES_MS,
     SWEEP_RATES,
     TrainConfig,
@@ -99,7 +98,7 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
     experts = experts_for(cfg, hardware)
     rate, latency = cfg.rate, cfg.latency_ms / 1000
     if cfg.randomise:
-        rate = float(rng.uniform(*RATES))
+        rate = float(rng.uniform(*cfg.rates))
         if cfg.latency_over_fastest is None:
             latency = float(rng.uniform(*cfg.latencies_ms)) / 1000
         else:

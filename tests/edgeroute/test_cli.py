@@ -385,6 +385,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         credit="completion",
         impact="pushed",
         randomise=False,
+        rates=(2.0, 10.0),
         latencies_ms=(10.0, 30.0),
         latency_over_fastest=(1.0, 3.5),
         fleet=Fleet(hardware_ms=(5.0, 9.0), running_cap=7, waiting_cap=9, memory_tokens=999),

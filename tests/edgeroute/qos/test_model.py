@@ -404,6 +404,24 @@ def test_episodes_draw_their_latency_target_from_the_configured_range() -> None:
 
 
 @needs_data("the quality data")
+def test_episodes_draw_their_arrival_rate_from_the_configured_range() -> None:
+    from edgeroute.qos.train import make_env, new_episode
+
+    cfg = tiny(rates=(8.5, 10.0))
+    env = make_env(cfg, DATA_DIR)
+    rng = np.random.default_rng(0)
+    drawn = []
+    for _ in range(20):
+        new_episode(env, cfg, rng)
+        drawn.append(env.rate)
+    assert all(8.5 <= x <= 10.0 for x in drawn) and len(set(drawn)) == 20
+    new_episode(env, tiny(), rng)
+    assert 3.0 <= env.rate <= 8.0  # the paper's sweep by default
+    with pytest.raises(ValueError, match="expected lambda per second low then high"):
+        tiny(rates=(10.0, 3.0))
+
+
+@needs_data("the quality data")
 def test_episodes_can_draw_their_latency_target_over_the_fastest_expert() -> None:
     from edgeroute.qos.train import make_env, new_episode
 
