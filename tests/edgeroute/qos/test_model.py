@@ -27,7 +27,7 @@ from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.train import eval_settings, export_last, train
-from edgeroute.sim.edge import Fleet, Quality
+from edgeroute.sim.edge import EdgeEnv, Fleet, Quality
 from policies.predictor import MODEL_ROOT
 from policies.qos_state import INPUTS
 from tests.support import DATA_DIR, needs_data
@@ -388,37 +388,36 @@ def test_the_qualities_the_commands_offer_are_the_simulators() -> None:
 
 
 @needs_data("the quality data")
-def test_episodes_draw_their_latency_target_from_the_configured_range() -> None:
+@pytest.mark.parametrize(
+    ("setting", "configured", "paper"),
+    [("latencies_ms", (12.0, 15.0), (20.0, 40.0)), ("rates", (8.5, 10.0), (3.0, 8.0))],
+)
+def test_episodes_draw_their_setting_from_the_configured_range(
+    setting: str, configured: tuple[float, float], paper: tuple[float, float]
+) -> None:
     from edgeroute.qos.train import make_env, new_episode
 
-    cfg = tiny(latencies_ms=(12.0, 15.0))
+    def drawn(env: EdgeEnv) -> float:  # L in ms, or lambda per second
+        return env.L * 1000 if setting == "latencies_ms" else env.rate
+
+    cfg = tiny(**{setting: configured})
     env = make_env(cfg, DATA_DIR)
     rng = np.random.default_rng(0)
-    drawn = []
+    draws = []
     for _ in range(20):
         new_episode(env, cfg, rng)
-        drawn.append(env.L)
-    assert all(0.012 <= x <= 0.015 for x in drawn) and len(set(drawn)) == 20
+        draws.append(drawn(env))
+    low, high = configured
+    assert all(low <= x <= high for x in draws) and len(set(draws)) == 20
     new_episode(env, tiny(), rng)
-    assert 0.020 <= env.L <= 0.040  # the paper's sweep by default
+    assert paper[0] <= drawn(env) <= paper[1]  # the paper's sweep by default
 
 
-@needs_data("the quality data")
-def test_episodes_draw_their_arrival_rate_from_the_configured_range() -> None:
-    from edgeroute.qos.train import make_env, new_episode
-
-    cfg = tiny(rates=(8.5, 10.0))
-    env = make_env(cfg, DATA_DIR)
-    rng = np.random.default_rng(0)
-    drawn = []
-    for _ in range(20):
-        new_episode(env, cfg, rng)
-        drawn.append(env.rate)
-    assert all(8.5 <= x <= 10.0 for x in drawn) and len(set(drawn)) == 20
-    new_episode(env, tiny(), rng)
-    assert 3.0 <= env.rate <= 8.0  # the paper's sweep by default
+def test_the_arrival_rate_range_is_low_then_high() -> None:
     with pytest.raises(ValueError, match="expected lambda per second low then high"):
         tiny(rates=(10.0, 3.0))
+    with pytest.raises(ValueError, match="expected lambda per second low then high"):
+        tiny(rates=(0.0, 3.0))
 
 
 @needs_data("the quality data")
