@@ -8,6 +8,10 @@ the share that met L, and the mean QoS (eq. 1) they earned. Where an agent falls
 at one setting, this says where: an engine sent more than it can serve within L, or
 requests sent where L cannot be met at all. An agent's training runs are pooled, each
 run on every seed.
+
+A second table (`…_by-load`) splits each engine's share by how many requests it held
+(running and waiting) as each request arrived: whether a policy sends an engine less the
+busier it is, and how often what it sends at each count meets L.
 """
 
 from __future__ import annotations
@@ -16,17 +20,20 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgeroute.bench.qos import Sweep, agents_named, heuristics, scrape_named
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_suffix
 from edgeroute.qos.evaluate import Policy, episode, episode_qos, served
 from edgeroute.results_io import Plot, recorded, write
-from edgeroute.sim.edge import QUALITY_MODELS, Quality, engine_fleet
+from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, Quality, engine_fleet
 from policies.qos_drl import load
 from workers.profiles import PROFILES
 
 COLUMNS = ["policy", "engine", "sent", "score", "met", "qos", "policy_qos"]
+LOAD_COLUMNS = ["policy", "engine", "in_flight", "decisions", "sent", "met"]
+# In-flight counts are read in buckets this wide, the last one open: 0-4, ..., 20+.
+IN_FLIGHT_STEP, IN_FLIGHT_BUCKETS = 5, 5
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,43 @@ class EngineShare:
     qos: float | None  # their mean QoS
 
 
+@dataclass(frozen=True)
+class LoadShare:
+    """One policy's decisions made while one engine held a given number of requests,
+    pooled likewise."""
+
+    engine: str
+    in_flight: str  # the bucket of its count as the request arrived: "0-4", ..., "20+"
+    decisions: int  # the arrivals decided with the engine at that count
+    sent: float  # the share of them sent to it
+    met: float | None  # the share of those that met L; None if it was sent none
+
+
+class Measured(NamedTuple):
+    shares: list[EngineShare]
+    by_load: list[LoadShare]  # the buckets in which some decision was made
+    qos: float  # the policy's mean QoS per episode
+
+
+def in_flight_bucket(count: int) -> int:
+    return min(count // IN_FLIGHT_STEP, IN_FLIGHT_BUCKETS - 1)
+
+
+def bucket_name(b: int) -> str:
+    low = b * IN_FLIGHT_STEP
+    return f"{low}+" if b == IN_FLIGHT_BUCKETS - 1 else f"{low}-{low + IN_FLIGHT_STEP - 1}"
+
+
+def _watched(policy: Policy, buckets: list[list[int]]) -> Policy:
+    """`policy`, noting at each decision every engine's in-flight bucket."""
+
+    def act(env: EdgeEnv, i: int) -> int:
+        buckets.append([in_flight_bucket(e.in_flight) for e in env.experts])
+        return policy(env, i)
+
+    return act
+
+
 def engine_shares(
     sweep: Sweep,
     runs: Sequence[Policy],
@@ -47,24 +91,35 @@ def engine_shares(
     n: int,
     rate: float,
     latency_ms: float,
-) -> tuple[list[EngineShare], float]:
+) -> Measured:
     """Each engine's share of the routed requests of `runs` (a policy's training runs,
-    or the one heuristic) over `seeds`, and the policy's mean QoS per episode (drops
-    count 0, as `evaluate` counts them)."""
+    or the one heuristic) over `seeds`, the same split by the engine's count in flight
+    at each arrival, and the policy's mean QoS per episode (drops count 0, as
+    `evaluate` counts them)."""
     names = [
         f"{model.split('/')[-1]} @ {PROFILES[profile].base * 1e3:g} ms"
         for profile, model in engine_fleet(QUALITY_MODELS[sweep.quality], n)
     ]
     count, score, met, qos = [0] * n, [0.0] * n, [0] * n, [0.0] * n
+    decided = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
+    sent_at = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
+    met_at = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
     per_episode = []
     for policy in runs:
         for k, seed in enumerate(seeds):
             env = sweep.env(k, n=n, rate=rate, latency_ms=latency_ms, on="engines")
-            for e, req in episode(env, policy, seed):
+            buckets: list[list[int]] = []  # per decision, each engine's bucket
+            for i, e, req in episode(env, _watched(policy, buckets), seed):
+                on_time = req.latency_per_token(req.done_at) <= env.L
                 count[e] += 1
                 score[e] += req.score
-                met[e] += req.latency_per_token(req.done_at) <= env.L
+                met[e] += on_time
                 qos[e] += env.qos(req)
+                sent_at[e][buckets[i][e]] += 1
+                met_at[e][buckets[i][e]] += on_time
+            for row in buckets:
+                for e, b in enumerate(row):
+                    decided[e][b] += 1
             per_episode.append(episode_qos(env))
     total = sum(count) or 1
     shares = [
@@ -77,7 +132,19 @@ def engine_shares(
         )
         for e in range(n)
     ]
-    return shares, statistics.fmean(per_episode)
+    by_load = [
+        LoadShare(
+            names[e],
+            bucket_name(b),
+            decided[e][b],
+            sent_at[e][b] / decided[e][b],
+            met_at[e][b] / sent_at[e][b] if sent_at[e][b] else None,
+        )
+        for e in range(n)
+        for b in range(IN_FLIGHT_BUCKETS)
+        if decided[e][b]
+    ]
+    return Measured(shares, by_load, statistics.fmean(per_episode))
 
 
 def main(
@@ -110,27 +177,30 @@ def main(
     for name, dirs in models.items():
         policies[name] = [served(load(d, latency_ms)) for d in dirs]
     rows: list[dict[str, Any]] = []
+    load_rows: list[dict[str, Any]] = []
     for name, runs in policies.items():
-        shares, mean_qos = engine_shares(sweep, runs, seeds, n, rate, latency_ms)
-        print(f"  {name:<14} QoS {mean_qos:.3f}", flush=True)
-        rows += [{"policy": name, **asdict(s), "policy_qos": mean_qos} for s in shares]
+        measured = engine_shares(sweep, runs, seeds, n, rate, latency_ms)
+        print(f"  {name:<14} QoS {measured.qos:.3f}", flush=True)
+        rows += [{"policy": name, **asdict(s), "policy_qos": measured.qos} for s in measured.shares]
+        load_rows += [{"policy": name, **asdict(s)} for s in measured.by_load]
     setting = f"_N-{n}_lambda-{rate:g}_L-{latency_ms:g}ms_seed-{seed}_seeds-{n_seeds}"
     base, scrape_flag = scrape_named("qos_shares" + quality_suffix(quality), scrape_ms)
     name, model_flags = agents_named(base + setting, models, {})
+    config = {
+        "command": f"edgeroute bench qos-shares --quality {quality}{scrape_flag} --n {n} "
+        f"--rate {rate:g} --latency-ms {latency_ms:g} --seed {seed} "
+        f"--seeds {n_seeds}{model_flags}",
+        "quality": quality,
+        "seeds": seeds,
+        "n": n,
+        "rate": rate,
+        "latency_ms": latency_ms,
+        "scrape_ms": scrape_ms,
+        "models": {k: [recorded(d) for d in v] for k, v in models.items()},
+    }
     write(
         name,
-        {
-            "command": f"edgeroute bench qos-shares --quality {quality}{scrape_flag} --n {n} "
-            f"--rate {rate:g} --latency-ms {latency_ms:g} --seed {seed} "
-            f"--seeds {n_seeds}{model_flags}",
-            "quality": quality,
-            "seeds": seeds,
-            "n": n,
-            "rate": rate,
-            "latency_ms": latency_ms,
-            "scrape_ms": scrape_ms,
-            "models": {k: [recorded(d) for d in v] for k, v in models.items()},
-        },
+        config,
         rows,
         COLUMNS,
         json_path,
@@ -148,5 +218,21 @@ def main(
             group=("policy",),
             title=f"where each policy sends requests, N = {n}, lambda = {rate:g}, "
             f"L = {latency_ms:g} ms",
+        ),
+    )
+    by_load = Path(json_path) if json_path else None
+    write(
+        name + "_by-load",
+        config,
+        load_rows,
+        LOAD_COLUMNS,
+        None if by_load is None else str(by_load.with_name(f"{by_load.stem}_by-load.json")),
+        quick=quick,
+        notes=(
+            "Per engine and count of requests it held (running and waiting) as a request "
+            "arrived, in buckets: `decisions`, the policy's arrivals decided with the "
+            "engine at that count (every arrival counts once per engine, drops and "
+            "refusals included); `sent`, the share of them sent to it; `met`, the share "
+            "of those that met L."
         ),
     )

@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from edgeroute.sim.edge import EdgeEnv, Req, cluster_view
 from policies.types import ClusterView, Decision, RequestInfo
@@ -91,10 +91,16 @@ class Score:
     drop_rate: float
 
 
-def episode(env: EdgeEnv, policy: Policy, seed: int) -> list[tuple[int, Req]]:
+class Routed(NamedTuple):
+    decision: int  # the decision's index in its episode
+    expert: int
+    req: Req
+
+
+def episode(env: EdgeEnv, policy: Policy, seed: int) -> list[Routed]:
     """Run one episode of `env` from `seed` under `policy` to its end, every routed
-    request finished; returns each routed request with its expert's index (drops and
-    refusals are in `env.finished` and `env.dropped`, not here)."""
+    request finished; returns each routed request with its decision and its expert's
+    index (drops and refusals are in `env.finished` and `env.dropped`, not here)."""
     env.reset(seed)
     routed = []
     done, i = False, 0
@@ -102,7 +108,7 @@ def episode(env: EdgeEnv, policy: Policy, seed: int) -> list[tuple[int, Req]]:
         action = policy(env, i)
         _, done = env.step(action)
         if env.last_request is not None:
-            routed.append((action - 1, env.last_request))
+            routed.append(Routed(i, action - 1, env.last_request))
         i += 1
     env.drain()
     return routed

@@ -481,6 +481,11 @@ class ExpertState:
     def used_tokens(self) -> int:
         return sum(r.tokens for r in self.running)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests it holds: running (prefilling ones included) and waiting."""
+        return len(self.running) + len(self.fresh) + len(self.waiting)
+
     def memory(self) -> float:
         return self.used_tokens / self.spec.memory_tokens
 

@@ -30,7 +30,7 @@ def test_the_engines_shares_add_up_to_the_qos_evaluate_gives() -> None:
     shares weighted by each engine's QoS are the policy's QoS, and that is `evaluate`'s
     on the same seeds."""
     sweep = _sweep()
-    shares, qos = engine_shares(sweep, [BASELINES["SQF"]], SEEDS, 6, 5.0, 30.0)
+    shares, _, qos = engine_shares(sweep, [BASELINES["SQF"]], SEEDS, 6, 5.0, 30.0)
     assert math.isclose(sum(s.sent for s in shares), 1.0)
     assert math.isclose(sum(s.sent * (s.qos or 0.0) for s in shares), qos)
     evaluated = [
@@ -42,11 +42,48 @@ def test_the_engines_shares_add_up_to_the_qos_evaluate_gives() -> None:
 
 
 @needs_data("the RouterDC data")
+def test_the_split_by_load_adds_up_to_each_engines_share() -> None:
+    """Every arrival is decided once with each engine at some count, and the requests
+    sent there at each count add up to the engine's share and its share meeting L."""
+    measured = engine_shares(_sweep(), [BASELINES["SQF"]], SEEDS, 6, 8.0, 30.0)
+    per_engine = {
+        s.engine: [b for b in measured.by_load if b.engine == s.engine] for s in measured.shares
+    }
+    decisions = {sum(b.decisions for b in rows) for rows in per_engine.values()}
+    assert len(decisions) == 1  # the same arrivals, counted once per engine
+    total = decisions.pop()
+    for share in measured.shares:
+        rows = per_engine[share.engine]
+        sent = sum(b.decisions * b.sent for b in rows)
+        assert math.isclose(sent, share.sent * total)
+        if sent:
+            met = sum(b.decisions * b.sent * (b.met or 0.0) for b in rows)
+            assert math.isclose(met / sent, share.met or 0.0)
+    # at lambda = 8 some engine holds more than a bucket's worth at some arrival
+    assert any(b.in_flight != "0-4" for b in measured.by_load)
+
+
+@needs_data("the RouterDC data")
+def test_the_split_by_load_reads_the_count_as_the_request_arrives() -> None:
+    """A policy that sends the first engine a request only while it holds fewer than
+    five, and the second otherwise, sends the first everything it decides at 0-4 and
+    nothing at any higher count."""
+
+    def spill(env: EdgeEnv, i: int) -> int:
+        return 1 if env.experts[0].in_flight < 5 else 2
+
+    measured = engine_shares(_sweep(), [spill], SEEDS, 6, 8.0, 30.0)
+    first = [b for b in measured.by_load if b.engine == measured.shares[0].engine]
+    assert (first[0].in_flight, first[0].sent) == ("0-4", 1.0)
+    assert len(first) > 1 and all(b.sent == 0.0 and b.met is None for b in first[1:])
+
+
+@needs_data("the RouterDC data")
 def test_a_policy_that_sends_everything_to_one_engine_has_it_all_there() -> None:
     def first(env: EdgeEnv, i: int) -> int:
         return 1
 
-    shares, _ = engine_shares(_sweep(), [first], SEEDS, 6, 5.0, 30.0)
+    shares, _, _ = engine_shares(_sweep(), [first], SEEDS, 6, 5.0, 30.0)
     assert [s.sent for s in shares] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert all(s.score is None and s.met is None and s.qos is None for s in shares[1:])
 
@@ -55,7 +92,7 @@ def test_a_policy_that_sends_everything_to_one_engine_has_it_all_there() -> None
 def test_an_engine_slower_per_iteration_than_l_never_meets_it() -> None:
     """Round-robin sends to every engine; one whose iteration alone takes longer than
     L per token cannot meet L, whatever its load, and earns nothing."""
-    shares, _ = engine_shares(_sweep(), [BASELINES["RR"]], SEEDS, 6, 5.0, 30.0)
+    shares, _, _ = engine_shares(_sweep(), [BASELINES["RR"]], SEEDS, 6, 5.0, 30.0)
     profiles = [profile for profile, _ in engine_fleet(QUALITY_MODELS["routerdc"], 6)]
     slow = [s for s, p in zip(shares, profiles, strict=True) if PROFILES[p].base > 0.030]
     assert slow, "the engines' fleet has profiles slower than 30 ms an iteration"
@@ -82,3 +119,7 @@ def test_the_command_writes_its_table_with_every_policy_on_every_engine(
     policies = {r["policy"] for r in written["results"]}
     assert policies == {"BR", "RR", "SQF", "SQF+predicted", "least_load"}
     assert len(written["results"]) == 3 * len(policies)
+    by_load = json.loads((tmp_path / "shares_by-load.json").read_text())
+    assert by_load["benchmark"] == written["benchmark"] + "_by-load"
+    assert {r["policy"] for r in by_load["results"]} == policies
+    assert {r["in_flight"] for r in by_load["results"]} >= {"0-4"}
