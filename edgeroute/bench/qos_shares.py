@@ -100,7 +100,7 @@ def engine_shares(
         f"{model.split('/')[-1]} @ {PROFILES[profile].base * 1e3:g} ms"
         for profile, model in engine_fleet(QUALITY_MODELS[sweep.quality], n)
     ]
-    count, score, met, qos = [0] * n, [0.0] * n, [0] * n, [0.0] * n
+    score, qos = [0.0] * n, [0.0] * n
     decided = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
     sent_at = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
     met_at = [[0] * IN_FLIGHT_BUCKETS for _ in range(n)]
@@ -110,17 +110,15 @@ def engine_shares(
             env = sweep.env(k, n=n, rate=rate, latency_ms=latency_ms, on="engines")
             buckets: list[list[int]] = []  # per decision, each engine's bucket
             for i, e, req in episode(env, _watched(policy, buckets), seed):
-                on_time = req.latency_per_token(req.done_at) <= env.L
-                count[e] += 1
                 score[e] += req.score
-                met[e] += on_time
                 qos[e] += env.qos(req)
                 sent_at[e][buckets[i][e]] += 1
-                met_at[e][buckets[i][e]] += on_time
+                met_at[e][buckets[i][e]] += req.latency_per_token(req.done_at) <= env.L
             for row in buckets:
                 for e, b in enumerate(row):
                     decided[e][b] += 1
             per_episode.append(episode_qos(env))
+    count, met = [sum(row) for row in sent_at], [sum(row) for row in met_at]
     total = sum(count) or 1
     shares = [
         EngineShare(
