@@ -253,6 +253,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         scrape_ms=args.scrape_ms,
         drop=not args.no_drop,
         speed_prior=args.speed_prior,
+        arrival_rate=args.arrival_rate,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -627,6 +628,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the agent reads an expert that has finished no request at the mean measured "
         "speed, and its actor is always served so",
+    )
+    q.add_argument(
+        "--arrival-rate",
+        action="store_true",
+        help="the agent reads the load: the requests arriving per second per expert, as the "
+        "gateway measures it",
     )
     q.add_argument(
         "--credit",

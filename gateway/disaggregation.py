@@ -63,7 +63,7 @@ class Disaggregated:
 
     async def serve(self, req: Incoming) -> Response | RelayResponse:
         body, model, rid, t0 = req.body, req.model, req.rid, req.t0
-        info = self.infos.build(req, self.routes.pd_hashes)
+        info = self.infos.build(req, self.routes.pd_hashes, self.routes.pd_counted)
         prefill_body = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         prefill_body.update(max_tokens=1, stream=False, kv_transfer_params=_REMOTE_DECODE)
         up, t_prefill_sent = await self.forwarder.forward(

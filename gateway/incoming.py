@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from policies.qos_state import Arrivals
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
 
@@ -32,19 +33,28 @@ def header_text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
+# Models whose arrivals are counted; past this many (names are the clients', though a
+# route must exist for each) the counts start over rather than grow without end.
+ARRIVALS_CAP = 1024
+
+
 class RequestInfos:
     """Builds the `RequestInfo` a policy reads: the prompt's size, its prefix blocks
-    when a policy needs them, the session, and the request's draw of randomness."""
+    and its model's arrival rate when a policy needs them, the session, and the
+    request's draw of randomness."""
 
     def __init__(self, prefix_block_tokens: int) -> None:
         self.prefix_block_tokens = prefix_block_tokens
         self._seq = itertools.count()
+        self._arrivals: dict[str, Arrivals] = {}
 
-    def build(self, req: Incoming, hashed: bool) -> RequestInfo:
-        """`hashed`: work out the prompt's block hashes (Need.BLOCK_HASHES)."""
+    def build(self, req: Incoming, hashed: bool, counted: bool = False) -> RequestInfo:
+        """`hashed`: work out the prompt's block hashes (Need.BLOCK_HASHES); `counted`:
+        count it among its model's arrivals and give their rate (Need.ARRIVAL_RATE)."""
         body = req.body
         text = prompt_text(body)
         session = header_text(req.hdrs, b"x-session-id") or body.get("user")
+        now = time.monotonic()
         return RequestInfo(
             model=req.model,
             prompt_tokens=estimate_tokens(text),
@@ -53,8 +63,16 @@ class RequestInfos:
             session_hash=stable_hash(session) if isinstance(session, str) and session else None,
             seq=next(self._seq),
             entropy=random.getrandbits(63),
-            now=time.monotonic(),
+            now=now,
             stream=bool(body.get("stream")),
             task=header_text(req.hdrs, b"x-edgeroute-task"),
             prompt=text,
+            arrival_rate=self._arrived(req.model, now) if counted else 0.0,
         )
+
+    def _arrived(self, model: str, now: float) -> float:
+        arrivals = self._arrivals.get(model)
+        if arrivals is None and len(self._arrivals) >= ARRIVALS_CAP:
+            self._arrivals.clear()
+        arrivals = self._arrivals[model] = (arrivals or Arrivals()).arrived(now)
+        return arrivals.rate()

@@ -85,7 +85,8 @@ class Direct:
 
     async def serve(self, req: Incoming) -> Response | RelayResponse:
         policy = self.routes.for_model(req.model)
-        info = self.infos.build(req, Need.BLOCK_HASHES in policy.needs)
+        needs = policy.needs
+        info = self.infos.build(req, Need.BLOCK_HASHES in needs, Need.ARRIVAL_RATE in needs)
         up, t_sent = await self.forwarder.forward(
             policy, info, req.path, req.raw, req.headers, req.model, req.rid
         )

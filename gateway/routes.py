@@ -45,8 +45,10 @@ class Routes:
         self._default = plan["*"][1]
         self._by_model = {m: p for m, (_, p) in plan.items() if not m.startswith("*")}
         self.needs: frozenset[Need] = frozenset().union(*(p.needs for _, p in plan.values()))
-        # The disaggregated path hashes once, for both of its policies.
-        self.pd_hashes = Need.BLOCK_HASHES in self.prefill.needs | self.decode.needs
+        # The disaggregated path hashes and counts once, for both of its policies.
+        pd_needs = self.prefill.needs | self.decode.needs
+        self.pd_hashes = Need.BLOCK_HASHES in pd_needs
+        self.pd_counted = Need.ARRIVAL_RATE in pd_needs
         distinct = {id(p): p for _, p in plan.values()}.values()
         self.warmable: tuple[Warmable, ...] = tuple(p for p in distinct if isinstance(p, Warmable))
 

@@ -46,6 +46,7 @@ class Need(enum.Enum):
     INFLIGHT_REQUESTS = "inflight_requests"  # BackendView.requests: each one's progress
     ORACLE = "oracle"  # ClusterView.oracle and self_contention: NetKV's network view
     LATENCY_TARGETS = "latency_targets"  # accounting of Decision.token_target (met, missed)
+    ARRIVAL_RATE = "arrival_rate"  # RequestInfo.arrival_rate: its model's requests per second
 
 
 NO_NEEDS: frozenset[Need] = frozenset()

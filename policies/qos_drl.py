@@ -23,6 +23,10 @@ an actor can leave most of them unmeasured and herd onto one (docs/research.md,
 "A prior for unmeasured engines"). An actor trained so (its graph's metadata says
 `speed_prior`) is always served so.
 
+An actor trained reading the load (`qos_state.load_feature`: the requests arriving
+per second per candidate) is fed it from the request's `arrival_rate`, which the
+gateway then measures (Need.ARRIVAL_RATE).
+
 It needs onnxruntime, onnx (to join the graphs) and the committed model files, not
 PyTorch.
 """
@@ -60,6 +64,7 @@ from policies.qos_state import (
     ExpertSnapshot,
     FeatureCache,
     expert_columns,
+    load_feature,
     snapshot,
     with_speed_prior,
 )
@@ -69,7 +74,7 @@ from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
 class QoSDRL:
     name = "qos_drl"
-    needs = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
+    needs: frozenset[Need] = frozenset({Need.INFLIGHT_REQUESTS, Need.LATENCY_TARGETS})
 
     def __init__(
         self,
@@ -95,6 +100,9 @@ class QoSDRL:
         self.trained_with_prior = meta.get(TRAINED_WITH_SPEED_PRIOR) == "true"
         inputs = {i.name for i in self._session.get_inputs()}
         self._scalars, self._queues = "scalars" in inputs, "packed" in inputs
+        self._load = "load" in inputs
+        if self._load:  # an actor trained reading the arrival rate
+            self.needs = self.needs | {Need.ARRIVAL_RATE}
         self._unknown = len(self.predictor.models)  # the model index of the mean of all
         self._models: dict[tuple[int | None, ...], np.ndarray] = {}
         self._features: FeatureCache = {}
@@ -210,6 +218,10 @@ class QoSDRL:
             feeds["scalars"] = np.array(((req.prompt_tokens, req.now, self.latency),))
         if self._queues:
             feeds["packed"] = rows.packed
+        if self._load:
+            feeds["load"] = np.array(
+                ((load_feature(req.arrival_rate, len(candidates)),),), np.float32
+            )
         logits, preds = self._session.run(None, feeds)
         return candidates, preds, logits[0]
 

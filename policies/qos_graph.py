@@ -19,7 +19,9 @@ Inputs:
 - `experts_own` [1, N, F_EXPERT] float32: `policies.qos_state.expert_columns` with
   zeros where the predictions go;
 - `packed` [1, N, 2, QUEUE_CAP, F_REQ + 3] float64: each backend's packed rows (only
-  for an actor that reads the queues).
+  for an actor that reads the queues);
+- `load` [1, 1] float32: `policies.qos_state.load_feature`, passed to the actor as it is
+  (only for an actor that reads it).
 Outputs: `logits` [1, N + 1] and `preds` [N, 2] float64 (score, length in tokens).
 """
 
@@ -35,7 +37,7 @@ from policies.qos_state import F_EXPERT, F_REQ, PER_TOKEN_CAP, PREDICTION_COLUMN
 
 _PREDICTOR = "predictor/"  # the predictor's names, apart from the actor's
 # The arrays of `policies.qos_state.encode` a served actor may read: what the join feeds.
-SERVED_INPUTS = ("arrived", "experts", "queues", "queue_mask")
+SERVED_INPUTS = ("arrived", "experts", "queues", "queue_mask", "load")
 # An actor's metadata key, "true" when it was trained reading unmeasured experts at the
 # mean measured speed (`qos_state.with_speed_prior`): it is then always served so.
 TRAINED_WITH_SPEED_PRIOR = "speed_prior"
@@ -114,6 +116,8 @@ def joined(actor_path: Path, predictor_path: Path) -> bytes:
         if "queue_mask" in wanted:
             mask = g.op("Squeeze", present, g.const("last_axis", [4]))
             g.op("Cast", mask, to=FLOAT, name="queue_mask")
+    if "load" in wanted:
+        inputs.append(helper.make_tensor_value_info("load", FLOAT, [1, 1]))
     g.nodes.extend(actor.graph.node)
     outputs = [
         helper.make_tensor_value_info("logits", FLOAT, [1, None]),

@@ -11,14 +11,19 @@ One snapshot builder (`snapshot`, from a backend's view) and one encoder, for tr
   every expert; its expert-specific predictions live on that link's expert end); and,
   beyond the paper, its measured seconds per token over recent requests (/ L), which
   tells hardware apart before its queue does;
-- arrived (eq. 9): prompt tokens and its mean predictions.
+- arrived (eq. 9): prompt tokens and its mean predictions;
+- load, beyond the paper: the requests arriving per second per candidate (`Arrivals`),
+  which tells how fast a queue will grow, where the counts tell only how long it is.
+  An actor trained without it does not read it.
 
 Shapes: arrived [6], experts [N, 6], queues [N, 2, 5, 6] (each expert's running, then
-waiting requests, padded to 5 each), with masks experts [N] and queues [N, 2, 5].
+waiting requests, padded to 5 each), load [1], with masks experts [N] and queues
+[N, 2, 5].
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -107,6 +112,40 @@ def with_speed_prior(experts: Sequence[ExpertSnapshot]) -> Sequence[ExpertSnapsh
         return experts
     mean = sum(measured) / len(measured)
     return [e if e.token_latency > 0 else replace(e, token_latency=mean) for e in experts]
+
+
+ARRIVALS_TAU = 10.0  # seconds: how far back the arrival rate looks (its decay's time constant)
+LOAD_CAP = 10.0  # requests per second per candidate, beyond which the load reads the same
+
+
+class Arrivals(NamedTuple):
+    """Requests arriving, as an exponentially decaying count (`arrived`): `level` at
+    `last` counts those after the first, which came at `since`. The gateway keeps one
+    per model, the simulator one per episode, and both read the rate alike."""
+
+    level: float = 0.0
+    last: float = 0.0
+    since: float | None = None
+
+    def arrived(self, now: float, tau: float = ARRIVALS_TAU) -> Arrivals:
+        """These arrivals with one more at `now`. A clock that steps back (replicas')
+        decays nothing rather than grow the count."""
+        if self.since is None:
+            return Arrivals(0.0, now, now)
+        decayed = self.level * math.exp(-max(0.0, now - self.last) / tau)
+        return Arrivals(decayed + 1.0 / tau, max(now, self.last), self.since)
+
+    def rate(self, tau: float = ARRIVALS_TAU) -> float:
+        """Requests per second as of the last arrival, from those strictly between the
+        first and the last: read just after an arrival, counting it would read high by
+        one, as would counting the first, which only starts the clock. A decaying count
+        started from nothing reads low until it has run for a few `tau`: it is divided
+        by the share of its steady level it has had time to reach (at least a
+        second's)."""
+        if self.since is None:
+            return 0.0
+        reached = 1.0 - math.exp(-max(1.0, self.last - self.since) / tau)
+        return max(0.0, self.level - 1.0 / tau) / reached
 
 
 # An empty row: no request (presence 0), one token so far so that dividing by it is safe.
@@ -200,9 +239,10 @@ def encode(
     latency_req: float,
     now: float,
     n_max: int | None = None,
+    arrival_rate: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Dense, padded arrays for one decision at `now`. `preds[n]` is (score, length) on
-    expert n."""
+    expert n; `arrival_rate` is the requests arriving per second (`Arrivals.rate`)."""
     n = len(experts)
     n_max = n_max or n
     pad = n_max - n
@@ -238,7 +278,13 @@ def encode(
         "queues": packed[..., :F_REQ].astype(np.float32),
         "expert_mask": np.array([1.0] * n + [0.0] * pad, np.float32),
         "queue_mask": packed[..., _PRESENT].astype(np.float32),
+        "load": np.array((load_feature(arrival_rate, n),), np.float32),
     }
 
 
-INPUTS = ("arrived", "experts", "queues", "expert_mask", "queue_mask")
+def load_feature(arrival_rate: float, candidates: int) -> float:
+    """The load feature: requests arriving per second per candidate, capped."""
+    return min(LOAD_CAP, arrival_rate / max(1, candidates))
+
+
+INPUTS = ("arrived", "experts", "queues", "expert_mask", "queue_mask", "load")

@@ -62,6 +62,9 @@ class RequestInfo:
     prompt: str = ""  # its text (`policies.text.prompt_text`: token ids spelled as text)
     prefill_id: str | None = None  # for decode selection: where the KV cache comes from
     now: float = 0.0  # the arrival instant (monotonic seconds), drawn at the edge
+    # requests of its model arriving per second, this one included (`qos_state.Arrivals`),
+    # measured at the edge for a policy that needs it (Need.ARRIVAL_RATE)
+    arrival_rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ class SACConfig:
     target_entropy_ratio: float = 0.5  # of log(number of actions)
     init_alpha: float = 0.05  # rewards are QoS in [0, 1]: alpha = 1 would drown them
     drop: bool = True  # False: the actor never drops (`PointerHead.forbid_drop`)
+    load: bool = False  # True: the encoders read the load (`edgeroute.qos.model`)
 
 
 DEFAULT_RATE, DEFAULT_LATENCY_MS = 5.0, 30.0  # the paper's default setting
@@ -203,6 +204,10 @@ class TrainConfig:
     # True: the agent reads an expert that has finished no request at the mean measured
     # seconds per token (`policies.qos_state.with_speed_prior`), as it is then served.
     speed_prior: bool = False
+    # True: the agent reads the load, the requests arriving per second per expert
+    # (`policies.qos_state.load_feature`), as the gateway measures it; see
+    # docs/research.md, (136).
+    arrival_rate: bool = False
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
@@ -293,6 +298,7 @@ class TrainConfig:
             target_entropy_ratio=self.target_entropy_ratio,
             init_alpha=self.init_alpha,
             drop=self.drop,
+            load=self.arrival_rate,
         )
 
 

@@ -155,7 +155,7 @@ def fitted(
     if student is None:
         torch.manual_seed(dc.seed)
         sac = cfg.sac()
-        student = QoSNet(sac.encoder, sac.hidden, sac.heads, sac.layers)
+        student = QoSNet(sac.encoder, sac.hidden, sac.heads, sac.layers, load=sac.load)
         if not sac.drop:
             student.head.forbid_drop()
     target = np.exp(_log_softmax(logits.astype(np.float64))).astype(np.float32)

@@ -38,6 +38,7 @@ def example(batch: int, n: int, queue: int = QUEUE_CAP, seed: int = 0) -> dict[s
         "expert_mask": ex_mask,
         # running queues fuller than waiting ones
         "queue_mask": (rng.random((batch, n, 2, queue)) < [[0.6], [0.3]]).astype(np.float32),
+        "load": 2 * rng.random((batch, 1), np.float32),
     }
 
 
@@ -227,6 +228,10 @@ def _han(g: Graph, w: dict[str, np.ndarray], heads: int, layers: int) -> tuple[s
     wr, br = linear(w, "encoder.in_req")
     we, be = linear(w, "encoder.in_exp")
     arr = g.op("Gemm", "arrived", g.const("in_req", wr), g.const("in_req_bias", br))
+    if "encoder.in_load.weight" in w:
+        arr = g.op(
+            "Add", arr, g.op("MatMul", "load", g.const("in_load", w["encoder.in_load.weight"].T))
+        )
     exp = g.op("Add", g.op("MatMul", "experts", g.const("in_exp", we)), g.const("in_exp_bias", be))
     mask5 = g.op("Unsqueeze", "queue_mask", g.const("axis_3", [3]))  # [B, N, 2, 1, K]
     present = g.op("Cast", mask5, to=BOOL)
@@ -241,15 +246,17 @@ def _han(g: Graph, w: dict[str, np.ndarray], heads: int, layers: int) -> tuple[s
 
 
 def _expert_features(g: Graph, w: dict[str, np.ndarray]) -> tuple[str, str]:
-    """Baseline RL's encoder: an MLP on features 0-2 and 5 of each expert, and their mean."""
+    """Baseline RL's encoder: an MLP on features 0-2 and 5 of each expert (and the load,
+    when it reads it), and their mean."""
     w1, b1 = linear(w, "encoder.net.0")
     w2, b2 = linear(w, "encoder.net.2")
     picked = np.zeros((F_EXPERT, w1.shape[1]))
-    picked[[0, 1, 2, 5]] = w1
-    h = g.op(
-        "Relu",
-        g.op("Add", g.op("MatMul", "experts", g.const("net0", picked)), g.const("net0_bias", b1)),
-    )
+    picked[[0, 1, 2, 5]] = w1[:4]
+    first = g.op("MatMul", "experts", g.const("net0", picked))
+    if len(w1) > 4:  # the load's part, the same for every expert: [B, 1, H]
+        from_load = g.op("MatMul", "load", g.const("net0_load", w1[4:]))
+        first = g.op("Add", first, g.op("Unsqueeze", from_load, g.const("axis_1", [1])))
+    h = g.op("Relu", g.op("Add", first, g.const("net0_bias", b1)))
     exp = g.op(
         "Relu", g.op("Add", g.op("MatMul", h, g.const("net2", w2)), g.const("net2_bias", b2))
     )
@@ -292,17 +299,20 @@ def export_actor(actor: QoSNet, path: Path, speed_prior: bool = False) -> None:
     g = Graph()
     if "encoder.net.0.weight" in w:
         arr, exp = _expert_features(g, w)
-        used: tuple[str, ...] = ("experts",)
+        reads_load = w["encoder.net.0.weight"].shape[1] > 4
+        used: tuple[str, ...] = ("experts", "load") if reads_load else ("experts",)
     else:
         heads = next(m.heads for m in actor.modules() if isinstance(m, NodeAttention))
         layers = len({k.split(".")[2] for k in w if k.startswith("encoder.layers.")})
         arr, exp = _han(g, w, heads, layers)
-        used = SERVED_INPUTS
+        reads_load = "encoder.in_load.weight" in w
+        used = tuple(k for k in SERVED_INPUTS if k != "load" or reads_load)
     shapes: dict[str, list[int | str]] = {
         "arrived": ["batch", F_REQ],
         "experts": ["batch", "experts", F_EXPERT],
         "queues": ["batch", "experts", 2, QUEUE_CAP, F_REQ],
         "queue_mask": ["batch", "experts", 2, QUEUE_CAP],
+        "load": ["batch", 1],
     }
     g.save(
         path,
@@ -317,13 +327,14 @@ def export_actor(actor: QoSNet, path: Path, speed_prior: bool = False) -> None:
 def load_actor(path: Path, config: dict[str, object]) -> QoSNet:
     """An exported actor's weights back in PyTorch, for re-exporting it when the
     graph's form changes (training checkpoints are not committed). `config` is its
-    training record's (`variant`, hidden, heads, layers)."""
+    training record's (`variant`, hidden, heads, layers, `arrival_rate`)."""
     values = parameters(path)
     actor = QoSNet(
         "experts" if config["variant"] == "baseline" else "han",
         int(str(config["hidden"])),
         int(str(config["heads"])),
         int(str(config["layers"])),
+        load=bool(config.get("arrival_rate", False)),
     )
     missing = sorted(k for k in actor.state_dict() if k not in values)
     if missing:

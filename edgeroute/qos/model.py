@@ -10,6 +10,10 @@ budget and the training speed (see `docs/research.md`). Everything is dense, pad
 the batch trains in one pass (the served ONNX graph is written from these weights by
 `edgeroute.qos.export`).
 
+With `load`, an encoder also reads the load (`policies.qos_state.load_feature`): the
+HAN adds its own embedding of it to the arrived request's, Baseline RL appends it to
+every expert's features. Without it, the `load` input is read by nothing.
+
 Heads are pointer-style: expert n's logit (or Q-value) is read from the pair
 (arrived embedding, expert n's embedding), and `drop` from the arrived embedding, so
 one trained model serves any number of experts.
@@ -163,9 +167,12 @@ class HANLayer(nn.Module):
 
 
 class HANEncoder(nn.Module):
-    def __init__(self, hidden: int = 64, heads: int = 4, layers: int = 2) -> None:
+    def __init__(
+        self, hidden: int = 64, heads: int = 4, layers: int = 2, load: bool = False
+    ) -> None:
         super().__init__()
         self.in_req = nn.Linear(F_REQ, hidden)
+        self.in_load = nn.Linear(1, hidden, bias=False) if load else None
         self.in_exp = nn.Linear(F_EXPERT, hidden)
         self.layers = nn.ModuleList(HANLayer(hidden, heads) for _ in range(layers))
         self.hidden = hidden
@@ -177,10 +184,13 @@ class HANEncoder(nn.Module):
         queues: Tensor,
         expert_mask: Tensor,
         queue_mask: Tensor,
+        load: Tensor,
     ) -> tuple[Tensor, Tensor]:
         # Padded nodes are not zeroed here: attention and the semantic average leave
         # them out by their masks, and every layer zeroes its outputs' padding.
         arr = self.in_req(arrived)
+        if self.in_load is not None:
+            arr = arr + self.in_load(load)
         exp = self.in_exp(experts)
         req = queues  # embedded by the first layer, folded into its attention
         for i, layer in enumerate(self.layers):
@@ -198,14 +208,15 @@ class HANEncoder(nn.Module):
 
 class ExpertFeatureEncoder(nn.Module):
     """Baseline RL's state: expert-level features only (memory, running, waiting, and
-    the measured seconds per token the HAN state also has)."""
+    the measured seconds per token the HAN state also has; with `load`, the load)."""
 
-    def __init__(self, hidden: int = 64) -> None:
+    def __init__(self, hidden: int = 64, load: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+            nn.Linear(4 + int(load), hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
         )
         self.hidden = hidden
+        self.load = load
 
     def forward(
         self,
@@ -214,8 +225,12 @@ class ExpertFeatureEncoder(nn.Module):
         queues: Tensor,
         expert_mask: Tensor,
         queue_mask: Tensor,
+        load: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        level = torch.cat([experts[..., :3], experts[..., 5:6]], dim=-1)
+        columns = [experts[..., :3], experts[..., 5:6]]
+        if self.load:
+            columns.append(load.unsqueeze(1).expand(-1, experts.shape[1], -1))
+        level = torch.cat(columns, dim=-1)
         exp = self.net(level) * expert_mask.unsqueeze(-1)
         arr = exp.sum(1) / expert_mask.sum(1, keepdim=True).clamp(min=1.0)
         return arr, exp
@@ -250,6 +265,13 @@ class PointerHead(nn.Module):
         self.drop.requires_grad_(False)
 
 
+def make_encoder(encoder: str, hidden: int, heads: int, layers: int, load: bool) -> nn.Module:
+    """The HAN ("han") or Baseline RL's expert-feature encoder ("experts")."""
+    if encoder == "han":
+        return HANEncoder(hidden, heads, layers, load)
+    return ExpertFeatureEncoder(hidden, load)
+
+
 class QoSNet(nn.Module):
     """Encoder + pointer head: the actor (logits) or a critic (Q-values)."""
 
@@ -260,11 +282,10 @@ class QoSNet(nn.Module):
         heads: int = 4,
         layers: int = 2,
         critic: bool = False,
+        load: bool = False,
     ) -> None:
         super().__init__()
-        self.encoder: nn.Module = (
-            HANEncoder(hidden, heads, layers) if encoder == "han" else ExpertFeatureEncoder(hidden)
-        )
+        self.encoder = make_encoder(encoder, hidden, heads, layers, load)
         self.head = PointerHead(hidden)
         self.masked = 0.0 if critic else NEG
 
@@ -275,8 +296,9 @@ class QoSNet(nn.Module):
         queues: Tensor,
         expert_mask: Tensor,
         queue_mask: Tensor,
+        load: Tensor,
     ) -> Tensor:
-        arr, exp = self.encoder(arrived, experts, queues, expert_mask, queue_mask)
+        arr, exp = self.encoder(arrived, experts, queues, expert_mask, queue_mask, load)
         out: Tensor = self.head(arr, exp, expert_mask, self.masked)
         return out
 
@@ -285,12 +307,15 @@ class TwinCritic(nn.Module):
     """Two Q heads on one encoder: the clipped double-Q of SAC at the cost of one encoder."""
 
     def __init__(
-        self, encoder: str = "han", hidden: int = 64, heads: int = 4, layers: int = 2
+        self,
+        encoder: str = "han",
+        hidden: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        load: bool = False,
     ) -> None:
         super().__init__()
-        self.encoder: nn.Module = (
-            HANEncoder(hidden, heads, layers) if encoder == "han" else ExpertFeatureEncoder(hidden)
-        )
+        self.encoder = make_encoder(encoder, hidden, heads, layers, load)
         self.q1, self.q2 = PointerHead(hidden), PointerHead(hidden)
 
     def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:

@@ -108,8 +108,8 @@ class SAC:
     def __init__(self, config: SACConfig, experts: int) -> None:
         c = config
         self.config = c
-        self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers)
-        self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers)
+        self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers, c.load)
+        self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers, load=c.load)
         self.actor.encoder = self.critic.encoder  # shared; trained by the critic's loss
         if not c.drop:
             self.actor.head.forbid_drop()

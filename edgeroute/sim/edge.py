@@ -35,6 +35,7 @@ from edgeroute.sim.timeline import Job, finish_times, fits, iteration_end
 from edgeroute.sim.workload import TraceRequest
 from policies.prefix_cache import PrefixCache, skipped
 from policies.qos_state import (
+    Arrivals,
     encode,
     progress_share,
     snapshot,
@@ -658,6 +659,7 @@ class EdgeEnv:
             else given or poisson_arrivals(self.rate, self.rng)
         )
         self.now = 0.0
+        self.counted = Arrivals()  # the arrivals as the gateway counts them, for their rate
         self._next_scrape = 0.0
         self.decisions = 0
         self.finished: list[Req] = []  # completed requests, with their QoS
@@ -676,6 +678,7 @@ class EdgeEnv:
                 f"{self.episode_len} (each decision waits for the arrival after it)"
             ) from None
         self._advance(arrival.t)
+        self.counted = self.counted.arrived(arrival.t)
         task = arrival.task or self.rng.choice(self.tasks)
         if arrival.prompt_tokens is not None and arrival.output_tokens is not None:
             # The trace's sizes, capped as the prompts are (every expert can hold it).
@@ -1060,14 +1063,15 @@ def cluster_view(env: EdgeEnv, i: int) -> tuple[RequestInfo, ClusterView]:
         seq=i,
         entropy=(env.seed * 1_000_003 + i) * 0x9E3779B97F4A7C15 % 2**64,  # not env.rng
         now=env.now,
+        arrival_rate=env.counted.rate(),
     )
     return req, ClusterView(tuple(backends))
 
 
 def observe(env: EdgeEnv, n_max: int | None = None) -> dict[str, np.ndarray]:
     """The features the gateway's `qos_drl` would build from `cluster_view`."""
-    _, view = cluster_view(env, env.decisions)
+    req, view = cluster_view(env, env.decisions)
     experts = [snapshot(b, view.stale_after) for b in view.backends]
     if env.speed_prior:
         experts = list(with_speed_prior(experts))
-    return encode(env.task.prompt_tokens, env.preds, experts, env.L, env.now, n_max)
+    return encode(req.prompt_tokens, env.preds, experts, env.L, env.now, n_max, req.arrival_rate)

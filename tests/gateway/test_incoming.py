@@ -21,3 +21,15 @@ def test_a_token_id_prompt_is_sized_and_hashed_by_its_ids() -> None:
     assert other.block_hashes[3] != info.block_hashes[3]
     batch = infos.build(incoming({"prompt": [ids, ids]}), hashed=False)
     assert batch.prompt_tokens == 601  # both prompts, and the newline between them
+
+
+def test_arrivals_are_counted_per_model_and_only_when_a_policy_reads_them() -> None:
+    infos = RequestInfos(prefix_block_tokens=64)
+    assert infos.build(incoming({"prompt": "hi"}), hashed=False).arrival_rate == 0.0
+    for _ in range(3):
+        counted = infos.build(incoming({"prompt": "hi"}), hashed=False, counted=True)
+    # the first counted request only starts the clock: three counted within one
+    # second read as one between the first and the last, a rate of at least 1/s
+    assert counted.arrival_rate > 0.5
+    other = Incoming({}, "/v1/completions", b"", {"prompt": "hi"}, [], "other", "rid", 0.0)
+    assert infos.build(other, hashed=False, counted=True).arrival_rate == 0.0

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from policies.plugins import Need
 from policies.predictor import DEFAULT_MODEL_DIR, MODEL_ROOT
 from policies.qos_drl import QoSDRL
 from policies.qos_state import INPUTS, encode, snapshot
@@ -74,23 +75,53 @@ def random_view(rng: np.random.Generator, models: list[str], n: int, now: float)
 def test_the_joined_graph_decides_as_the_predictor_encode_and_the_actor(
     folder: Path, latency_ms: float
 ) -> None:
-    policy = QoSDRL(folder, latency_ms=latency_ms)
+    decides_as_three_steps(QoSDRL(folder, latency_ms=latency_ms), folder / "actor.onnx")
+
+
+@pytest.mark.parametrize("variant", ["full", "baseline"])
+def test_an_actor_reading_the_load_is_fed_it_from_the_request(tmp_path: Path, variant: str) -> None:
+    """An actor trained reading the load (`load_feature`) is joined with a `load` input
+    and the policy then needs the request's arrival rate; one that does not read it
+    needs nothing more. Both decide as their three steps do."""
+    import torch
+
+    from edgeroute.qos.export import export_actor
+    from edgeroute.qos.model import QoSNet
+
+    world = MODEL_ROOT / "routerdc"
+    for load in (False, True):
+        torch.manual_seed(1)
+        run = tmp_path / str(load) / "runs" / f"{variant}-s0"
+        run.mkdir(parents=True)
+        for name in ("predictor.onnx", "predictor.json"):
+            (run.parent.parent / name).write_bytes((world / name).read_bytes())
+        net = QoSNet("experts" if variant == "baseline" else "han", 32, 2, 1, load=load)
+        export_actor(net, run / "actor.onnx")
+        policy = QoSDRL(run)
+        assert (Need.ARRIVAL_RATE in policy.needs) == load
+        decides_as_three_steps(policy, run / "actor.onnx")
+
+
+def decides_as_three_steps(policy: QoSDRL, actor_path: Path) -> None:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    actor = ort.InferenceSession(str(folder / "actor.onnx"), opts)
+    actor = ort.InferenceSession(str(actor_path), opts)
     names = {i.name for i in actor.get_inputs()}
     rng = np.random.default_rng(7)
     unknown = 0
     for case in range(60):
         now = 1000.0 + case
         view = random_view(rng, policy.predictor.models, int(rng.choice([1, 3, 12])), now)
-        req = RequestInfo("m", int(rng.integers(1, 4000)), prompt=PROMPTS[case % 3], now=now)
+        rate = float(rng.choice([0.0, rng.uniform(0, 50)]))
+        req = RequestInfo(
+            "m", int(rng.integers(1, 4000)), prompt=PROMPTS[case % 3], now=now, arrival_rate=rate
+        )
         scored = policy._scored(req, view)
         assert not isinstance(scored, Decision), scored.reason
         candidates, preds, logits = scored
         expected = policy.predictor.predict_for(req.prompt, candidates)
         snaps = [snapshot(b, view.stale_after) for b in candidates]
-        obs = encode(req.prompt_tokens, expected, snaps, policy.latency, now)
+        obs = encode(req.prompt_tokens, expected, snaps, policy.latency, now, arrival_rate=rate)
         reference = actor.run(["logits"], {k: obs[k][None] for k in INPUTS if k in names})
         if any(policy.predictor.expert_of(b) is None for b in candidates):
             unknown += 1  # the mean of all models, summed in another order: to the last bit

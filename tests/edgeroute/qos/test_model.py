@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 
@@ -39,15 +40,19 @@ def logits(net: QoSNet, obs: dict[str, np.ndarray]) -> np.ndarray:
     return out
 
 
+PER_REQUEST = ("arrived", "load")  # of the inputs, those not per expert
+
+
 @pytest.mark.parametrize("encoder", ["han", "experts"])
-def test_padding_experts_changes_nothing_for_the_real_ones(encoder: str) -> None:
+@pytest.mark.parametrize("load", [False, True])
+def test_padding_experts_changes_nothing_for_the_real_ones(encoder: str, load: bool) -> None:
     torch.manual_seed(0)
-    net = QoSNet(encoder).eval()
+    net = QoSNet(encoder, load=load).eval()
     obs = example(4, 5, seed=1)
     obs["expert_mask"][:] = 1.0
     padded = {
         k: np.concatenate([v, np.zeros((4, 3, *v.shape[2:]), np.float32)], axis=1)
-        if v.ndim >= 2 and k != "arrived"
+        if k not in PER_REQUEST
         else v
         for k, v in obs.items()
     }
@@ -56,25 +61,42 @@ def test_padding_experts_changes_nothing_for_the_real_ones(encoder: str) -> None
     assert (b[:, 6:] < -1e8).all()  # padded experts can never be chosen
 
 
-def test_permuting_experts_permutes_their_logits() -> None:
+@pytest.mark.parametrize("load", [False, True])
+def test_permuting_experts_permutes_their_logits(load: bool) -> None:
     torch.manual_seed(0)
-    net = QoSNet().eval()
+    net = QoSNet(load=load).eval()
     obs = example(3, 6, seed=2)
     obs["expert_mask"][:] = 1.0
     perm = np.array([3, 0, 5, 1, 4, 2])
-    shuffled = {k: (v[:, perm] if k != "arrived" else v) for k, v in obs.items()}
+    shuffled = {k: (v[:, perm] if k not in PER_REQUEST else v) for k, v in obs.items()}
     a, b = logits(net, obs), logits(net, shuffled)
     assert np.allclose(a[:, 0], b[:, 0], atol=1e-5)  # drop
     assert np.allclose(a[:, 1:][:, perm], b[:, 1:], atol=1e-5)
 
 
 @pytest.mark.parametrize("encoder", ["han", "experts"])
-def test_onnx_export_matches_pytorch_for_several_n(tmp_path: Path, encoder: str) -> None:
+@pytest.mark.parametrize("load", [False, True])
+def test_onnx_export_matches_pytorch_for_several_n(
+    tmp_path: Path, encoder: str, load: bool
+) -> None:
     # The expert-feature encoder ignores the queues: the export prunes those inputs.
     torch.manual_seed(0)
-    net = QoSNet(encoder)
+    net = QoSNet(encoder, load=load)
     export_actor(net, tmp_path / "actor.onnx")
     assert parity(net, tmp_path / "actor.onnx", n_values=(3, 6, 12)) < 1e-4
+    session = ort.InferenceSession(str(tmp_path / "actor.onnx"))
+    assert ("load" in {i.name for i in session.get_inputs()}) == load
+
+
+@pytest.mark.parametrize("encoder", ["han", "experts"])
+@pytest.mark.parametrize("load", [False, True])
+def test_an_encoder_reads_the_load_only_when_built_to(encoder: str, load: bool) -> None:
+    torch.manual_seed(0)
+    net = QoSNet(encoder, load=load).eval()
+    obs = example(4, 5, seed=4)
+    heavier = {**obs, "load": obs["load"] + 1.0}
+    changed = np.abs(logits(net, obs) - logits(net, heavier)).max()
+    assert (changed > 1e-4) == load
 
 
 @pytest.mark.parametrize("layers", [1, 2])

@@ -287,6 +287,26 @@ def test_a_scraping_view_credits_waiting_requests_as_the_gateway_does() -> None:
     assert [r.generated for r in env.experts[0].waiting] == [0]
 
 
+def test_the_view_reads_the_arrival_rate_the_gateway_would_count() -> None:
+    """The simulator counts the arrivals as the gateway does (`Arrivals`) and observes
+    the load from it, per expert: the policy under test never reads the episode's
+    lambda, only what arrived."""
+    times = [0.25 * i for i in range(400)]  # 4 per second for 100 s
+    two = EdgeEnv(
+        [EXPERT, EXPERT],
+        [task()],
+        arrivals=iter(Arrival(t) for t in times),
+        predictor=NoisyOracle(1.0, 1.0),
+        rate=1.0,  # not what arrives: the view must not read it
+    )
+    for _ in range(300):
+        two.step(1)
+    req, _ = cluster_view(two, two.decisions)
+    assert req.now == times[300]
+    assert req.arrival_rate == pytest.approx(4.0, rel=0.05)
+    assert two.observe()["load"].tolist() == pytest.approx([req.arrival_rate / 2])
+
+
 def test_a_scrape_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="scrape"):
         env_with(EXPERT, [task()], [0.0], scrape=0.0)
