@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse, Response
 
+from gateway.arrivals import ArrivalCounts
 from gateway.auth import require_admin, require_client_key
 from gateway.backends import Backend, BackendPool
 from gateway.errors import GatewayError
@@ -100,6 +101,7 @@ class Gateway:
                 lim.response_headers, lim.response_header_bytes, lim.response_body_bytes
             ),
         )
+        self.arrivals = ArrivalCounts()
         self.monitor = Monitor(
             settings,
             self.pool,
@@ -108,6 +110,7 @@ class Gateway:
             self.transfers,
             self,
             lambda: self.client,
+            self.arrivals,
         )
         self.prism = PrismScheduler(
             self.pool, self.store, self.metrics, lambda: self.client, settings.prism_replan_seconds
@@ -119,6 +122,7 @@ class Gateway:
             self.upstream,
             self.metrics,
             self.transfers,
+            self.arrivals,
         )
         for ref in settings.hooks:
             self._hooks.append(make_hook(ref.type, ref.params))

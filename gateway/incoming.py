@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from policies.qos_state import Arrivals
+from gateway.arrivals import ArrivalCounts
 from policies.text import block_hashes, estimate_tokens, prompt_text, stable_hash
 from policies.types import RequestInfo
 
@@ -33,20 +33,15 @@ def header_text(hdrs: dict[bytes, bytes], name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-# Models whose arrivals are counted; past this many (names are the clients', though a
-# route must exist for each) the counts start over rather than grow without end.
-ARRIVALS_CAP = 1024
-
-
 class RequestInfos:
     """Builds the `RequestInfo` a policy reads: the prompt's size, its prefix blocks
     and its model's arrival rate when a policy needs them, the session, and the
     request's draw of randomness."""
 
-    def __init__(self, prefix_block_tokens: int) -> None:
+    def __init__(self, prefix_block_tokens: int, arrivals: ArrivalCounts) -> None:
         self.prefix_block_tokens = prefix_block_tokens
+        self.arrivals = arrivals
         self._seq = itertools.count()
-        self._arrivals: dict[str, Arrivals] = {}
 
     def build(self, req: Incoming, hashed: bool, counted: bool = False) -> RequestInfo:
         """`hashed`: work out the prompt's block hashes (Need.BLOCK_HASHES); `counted`:
@@ -67,12 +62,5 @@ class RequestInfos:
             stream=bool(body.get("stream")),
             task=header_text(req.hdrs, b"x-edgeroute-task"),
             prompt=text,
-            arrival_rate=self._arrived(req.model, now) if counted else 0.0,
+            arrival_rate=self.arrivals.arrived(req.model, now) if counted else 0.0,
         )
-
-    def _arrived(self, model: str, now: float) -> float:
-        arrivals = self._arrivals.get(model)
-        if arrivals is None and len(self._arrivals) >= ARRIVALS_CAP:
-            self._arrivals.clear()
-        arrivals = self._arrivals[model] = (arrivals or Arrivals()).arrived(now)
-        return arrivals.rate()

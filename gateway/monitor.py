@@ -6,7 +6,8 @@
   request does: see `gateway.circuit`); and stalls: a backend that holds requests
   but has sent no byte and generated no token for `timeouts.stall` seconds has
   them aborted (the proxy sends them elsewhere) and its circuit opened;
-- sync: in-flight counts with the other replicas, and shared config changes.
+- sync: in-flight counts and arrival rates with the other replicas, and shared config
+  changes.
 
 None of this runs on the request path. Each loop survives any single failure.
 """
@@ -22,6 +23,7 @@ from typing import Protocol
 
 import httpx
 
+from gateway.arrivals import ArrivalCounts
 from gateway.backends import Backend, BackendPool
 from gateway.circuit import State
 from gateway.metrics import GatewayMetrics
@@ -81,6 +83,7 @@ class Monitor:
         transfers: KVTransfers,
         config: SharedConfig,
         client: Callable[[], httpx.AsyncClient],
+        arrivals: ArrivalCounts,
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -89,6 +92,7 @@ class Monitor:
         self.transfers = transfers
         self.config = config
         self.client = client
+        self.arrivals = arrivals
         self._tasks: list[asyncio.Task[None]] = []
         self.last_sync = time.monotonic()
         self.config_version = -1
@@ -233,7 +237,7 @@ class Monitor:
                 await store.add_intents(batch)
                 for _ in batch:
                     self.transfers.intents.popleft()
-            result = await store.sync(local)
+            result = await store.sync(local, self.arrivals.local_rates(time.monotonic()))
         except StoreUnavailable:
             self.metrics.store_up.set(0)
             self.metrics.store_age.set(time.monotonic() - self.last_sync)
@@ -245,6 +249,7 @@ class Monitor:
         self.metrics.replicas.set(result.replicas)
         for b in self.pool:
             b.remote_inflight = result.remote_inflight.get(b.id, 0)
+        self.arrivals.heard(result.remote_rates)
         if result.config_version == 0:
             # The store has lost its state (restarted without persistence): give it
             # this replica's config back rather than adopt an empty one.

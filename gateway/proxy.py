@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.answers import Answers, Raw
+from gateway.arrivals import ArrivalCounts
 from gateway.auth import require_client_key
 from gateway.backends import BackendPool
 from gateway.disaggregation import Disaggregated
@@ -106,13 +107,14 @@ class Proxy:
         upstream: UpstreamPool,
         metrics: GatewayMetrics,
         transfers: KVTransfers,
+        arrivals: ArrivalCounts,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
         self._rid_prefix = os.urandom(6).hex()  # request ids: this prefix and a counter
         self._rids = itertools.count()
-        infos = RequestInfos(settings.prefix_block_tokens)
+        infos = RequestInfos(settings.prefix_block_tokens, arrivals)
         self.forwarder = Forwarder(settings, pool, upstream, metrics)
         answers = Answers(pool, metrics, settings.timeouts.idle)
         self.direct = Direct(routes, infos, self.forwarder, answers)

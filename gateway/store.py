@@ -6,6 +6,7 @@ Key layout, all under `edgeroute:` (this module is the only place that names key
 |---|---|---|---|
 | `edgeroute:replicas` | set | ids of replicas that have written in-flight counts | none; dead ids are pruned when their hash has expired |
 | `edgeroute:replica:{id}:inflight` | hash | backend id -> this replica's in-flight requests | `replica_ttl` |
+| `edgeroute:replica:{id}:arrivals` | hash | model -> this replica's arrivals per second (`gateway.arrivals`), only models with traffic | `replica_ttl` |
 | `edgeroute:config:backends` | hash | backend id -> backend config (JSON) | none |
 | `edgeroute:config:routing` | hash | model (or `*`, `*prefill`, `*decode` for the role defaults) -> pipeline spec (JSON) | none |
 | `edgeroute:config:oracle` | hash | `state` -> the NetKV oracle's topology and congestion (JSON) | none |
@@ -24,7 +25,7 @@ import contextlib
 import logging
 import secrets
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +58,45 @@ def inflight_key(replica: str) -> str:
     return f"{INFLIGHT_PREFIX}{replica}:inflight"
 
 
-# One replica's sync. KEYS: the replica set, this replica's hash, the config version.
-# ARGV: replica id, TTL in ms, the in-flight key prefix, then backend/count pairs.
-# It reads other replicas' hashes by name, so it needs one Redis (not a cluster).
+def arrivals_key(replica: str) -> str:
+    return f"{INFLIGHT_PREFIX}{replica}:arrivals"
+
+
+# One replica's sync. KEYS: the replica set, this replica's in-flight hash, its
+# arrivals hash, the config version. ARGV: replica id, TTL in ms, the key prefix, the
+# number of backend/count pairs, those pairs, then model/rate pairs. It reads other
+# replicas' hashes by name, so it needs one Redis (not a cluster). A replica is alive
+# while its in-flight hash is; its arrivals hash may be missing (an older replica's).
+# Rates go back as text: Redis would cut a Lua number to an integer. A field that is
+# not a finite number >= 0 (a broken or hostile peer's) is left out of the sums.
 _SYNC = """
-local replicas, mine, version = KEYS[1], KEYS[2], KEYS[3]
-local me, ttl, prefix = ARGV[1], ARGV[2], ARGV[3]
-redis.call('DEL', mine)
-if #ARGV > 3 then
-  redis.call('HSET', mine, unpack(ARGV, 4))
-else
-  redis.call('HSET', mine, '', 0)
+local replicas, mine, my_rates, version = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local me, ttl, prefix, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local function publish(key, first, last)
+  redis.call('DEL', key)
+  if last >= first then
+    redis.call('HSET', key, unpack(ARGV, first, last))
+  else
+    redis.call('HSET', key, '', 0)
+  end
+  redis.call('PEXPIRE', key, ttl)
 end
-redis.call('PEXPIRE', mine, ttl)
+publish(mine, 5, 4 + 2 * n)
+publish(my_rates, 5 + 2 * n, #ARGV)
 redis.call('SADD', replicas, me)
-local sums, order, alive = {}, {}, 1
+local function add(h, sums, order)
+  for i = 1, #h, 2 do
+    local k, v = h[i], tonumber(h[i + 1])
+    if k ~= '' and v ~= nil and v == v and v >= 0 and v < math.huge then
+      if sums[k] == nil then
+        sums[k] = 0
+        order[#order + 1] = k
+      end
+      sums[k] = sums[k] + v
+    end
+  end
+end
+local counts, count_order, rates, rate_order, alive = {}, {}, {}, {}, 1
 for _, other in ipairs(redis.call('SMEMBERS', replicas)) do
   if other ~= me then
     local h = redis.call('HGETALL', prefix .. other .. ':inflight')
@@ -79,23 +104,19 @@ for _, other in ipairs(redis.call('SMEMBERS', replicas)) do
       redis.call('SREM', replicas, other)
     else
       alive = alive + 1
-      for i = 1, #h, 2 do
-        local b = h[i]
-        if b ~= '' then
-          if sums[b] == nil then
-            sums[b] = 0
-            order[#order + 1] = b
-          end
-          sums[b] = sums[b] + tonumber(h[i + 1])
-        end
-      end
+      add(h, counts, count_order)
+      add(redis.call('HGETALL', prefix .. other .. ':arrivals'), rates, rate_order)
     end
   end
 end
-local out = {alive, redis.call('GET', version) or '0'}
-for _, b in ipairs(order) do
+local out = {alive, redis.call('GET', version) or '0', #count_order}
+for _, b in ipairs(count_order) do
   out[#out + 1] = b
-  out[#out + 1] = sums[b]
+  out[#out + 1] = counts[b]
+end
+for _, m in ipairs(rate_order) do
+  out[#out + 1] = m
+  out[#out + 1] = string.format('%.17g', rates[m])
 end
 return out
 """
@@ -110,6 +131,7 @@ class SyncResult:
     remote_inflight: dict[str, int]  # backend id -> other replicas' in-flight requests
     replicas: int
     config_version: int
+    remote_rates: dict[str, float] = field(default_factory=dict)  # model -> arrivals/s
 
 
 class EmbeddedStore:
@@ -237,24 +259,42 @@ class SharedStore:
 
     # -- telemetry ----------------------------------------------------------------
 
-    async def sync(self, local_inflight: dict[str, int]) -> SyncResult:
-        """Publish this replica's in-flight counts and read the sum of everyone else's,
-        in one round trip: the store adds the other replicas' counts up (`_SYNC`), so a
-        replica parses one entry per backend, not one hash per replica."""
+    async def sync(
+        self, local_inflight: dict[str, int], local_rates: dict[str, float] | None = None
+    ) -> SyncResult:
+        """Publish this replica's in-flight counts and arrival rates, and read the sums
+        of everyone else's, in one round trip: the store adds the other replicas' up
+        (`_SYNC`), so a replica parses one entry per backend and model, not one hash
+        per replica."""
         flat: list[str | int] = []
         for backend, count in local_inflight.items():
             flat += (backend, count)
-        args = [self.replica_id, int(self.replica_ttl * 1000), INFLIGHT_PREFIX, *flat]
+        for model, rate in (local_rates or {}).items():
+            flat += (model, repr(rate))
+        args = [
+            self.replica_id,
+            int(self.replica_ttl * 1000),
+            INFLIGHT_PREFIX,
+            len(local_inflight),
+            *flat,
+        ]
 
         async def step(r: aioredis.Redis) -> SyncResult:
             if self._sync_script is None:
                 # redis-py runs it by digest and sends the source again to a store
                 # that lost it (a restart), so this is registered once.
                 self._sync_script = r.register_script(_SYNC)
-            keys = [REPLICAS, inflight_key(self.replica_id), CONFIG_VERSION]
+            keys = [
+                REPLICAS,
+                inflight_key(self.replica_id),
+                arrivals_key(self.replica_id),
+                CONFIG_VERSION,
+            ]
             res = await self._sync_script(keys=keys, args=args, client=r)
-            remote = {str(res[i]): int(res[i + 1]) for i in range(2, len(res), 2)}
-            return SyncResult(remote, int(res[0]), int(res[1]))
+            counts_end = 3 + 2 * int(res[2])
+            remote = {str(res[i]): int(res[i + 1]) for i in range(3, counts_end, 2)}
+            rates = {str(res[i]): float(res[i + 1]) for i in range(counts_end, len(res), 2)}
+            return SyncResult(remote, int(res[0]), int(res[1]), rates)
 
         result: SyncResult = await self._call(step)
         return result

@@ -147,6 +147,11 @@ class Arrivals(NamedTuple):
         reached = 1.0 - math.exp(-max(1.0, self.last - self.since) / tau)
         return max(0.0, self.level - 1.0 / tau) / reached
 
+    def rate_at(self, now: float, tau: float = ARRIVALS_TAU) -> float:
+        """`rate()` decayed from the last arrival to `now`, as the count would be had
+        nothing arrived since: what a model whose traffic stopped fades to."""
+        return self.rate(tau) * math.exp(-max(0.0, now - self.last) / tau)
+
 
 # An empty row: no request (presence 0), one token so far so that dividing by it is safe.
 _EMPTY_ROW = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.arrivals import ArrivalCounts
 from gateway.incoming import Incoming, RequestInfos
 
 
@@ -12,7 +13,7 @@ def incoming(body: dict[str, Any]) -> Incoming:
 def test_a_token_id_prompt_is_sized_and_hashed_by_its_ids() -> None:
     """Policies see a prompt of token ids as its length in tokens, with prefix blocks
     that two prompts sharing their first ids share."""
-    infos = RequestInfos(prefix_block_tokens=64)
+    infos = RequestInfos(prefix_block_tokens=64, arrivals=ArrivalCounts())
     ids = list(range(5000, 5300))
     info = infos.build(incoming({"prompt": ids}), hashed=True)
     assert info.prompt_tokens == 300 and len(info.block_hashes) == 4
@@ -24,7 +25,7 @@ def test_a_token_id_prompt_is_sized_and_hashed_by_its_ids() -> None:
 
 
 def test_arrivals_are_counted_per_model_and_only_when_a_policy_reads_them() -> None:
-    infos = RequestInfos(prefix_block_tokens=64)
+    infos = RequestInfos(prefix_block_tokens=64, arrivals=ArrivalCounts())
     assert infos.build(incoming({"prompt": "hi"}), hashed=False).arrival_rate == 0.0
     for _ in range(3):
         counted = infos.build(incoming({"prompt": "hi"}), hashed=False, counted=True)
@@ -33,3 +34,7 @@ def test_arrivals_are_counted_per_model_and_only_when_a_policy_reads_them() -> N
     assert counted.arrival_rate > 0.5
     other = Incoming({}, "/v1/completions", b"", {"prompt": "hi"}, [], "other", "rid", 0.0)
     assert infos.build(other, hashed=False, counted=True).arrival_rate == 0.0
+    # the other replicas' rate for the model, heard through the store, is added
+    infos.arrivals.heard({"other": 4.0})
+    assert infos.build(other, hashed=False, counted=True).arrival_rate >= 4.0
+    assert infos.build(other, hashed=False).arrival_rate == 0.0

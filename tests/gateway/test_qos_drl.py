@@ -20,7 +20,15 @@ import torch
 from edgeroute.qos.export import export_actor
 from edgeroute.qos.model import QoSNet
 from edgeroute.qos.predictors import train_predictor
-from tests.support import DATA_DIR, ServerThread, hold_streams, needs_data, sample, wait_until
+from tests.support import (
+    DATA_DIR,
+    RedisProcess,
+    ServerThread,
+    hold_streams,
+    needs_data,
+    sample,
+    wait_until,
+)
 
 Start = Callable[..., tuple[str, Any]]
 TOKEN = {"authorization": "Bearer test-admin-token"}
@@ -34,9 +42,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     base = tmp_path_factory.mktemp("qos")
     train_predictor(DATA_DIR, "bow", epochs=1, out=base / "predictor")
     dirs = {}
-    for name, bias in (("route", -100.0), ("shed", 100.0), ("even", -100.0), ("prior", -100.0)):
+    names = ("route", "shed", "even", "prior", "load")
+    for name, bias in zip(names, (-100.0, 100.0, -100.0, -100.0, -100.0), strict=True):
         torch.manual_seed(0)
-        net = QoSNet()
+        net = QoSNet(load=name == "load")
         with torch.no_grad():
             drop, expert = net.head.drop[-1], net.head.expert[-1]
             assert isinstance(drop, torch.nn.Linear) and isinstance(expert, torch.nn.Linear)
@@ -57,6 +66,7 @@ def start(
     model_dir: Path,
     keep_warm_ms: float = 0.0,
     keep_warm_for_ms: float = 1000.0,
+    gateway: dict[str, Any] | None = None,
     **params: Any,
 ) -> tuple[str, Any]:
     backends = []
@@ -69,6 +79,7 @@ def start(
         routing={"default": spec},
         keep_warm_ms=keep_warm_ms,
         keep_warm_for_ms=keep_warm_for_ms,
+        **(gateway or {}),
     )
 
 
@@ -205,6 +216,46 @@ def test_the_learned_policy_routes_and_sees_the_inflight_requests(
     assert outcomes["met"] + outcomes["missed"] == 1 and outcomes["shed"] == 0
     assert sample(metrics, "edgeroute_requests_total", status="499") == 3
     assert sample(metrics, "edgeroute_qos_token_latency_seconds_count") == 1
+
+
+def test_replicas_feed_an_actor_reading_the_load_the_arrivals_they_counted_together(
+    servers: ServerThread,
+    start_worker: Start,
+    start_gateway: Start,
+    models: dict[str, Path],
+    redis_server: RedisProcess,
+) -> None:
+    """Behind a load balancer each replica sees part of the traffic: one that received
+    nothing still reads the model's arrival rate, from the replica that counted it."""
+    store = {"redis_url": redis_server.url}
+    url1, gw1 = start(
+        start_worker, start_gateway, models["load"], gateway={**store, "replica_id": "r1"}
+    )
+    backends = [{"url": b.config.url, "id": b.id} for b in gw1.pool]
+    spec = {"policy": "qos_drl", "model": str(models["load"])}
+    url2, gw2 = start_gateway(backends, routing={"default": spec}, replica_id="r2", **store)
+    body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(12):
+        assert httpx.post(url1 + "/v1/chat/completions", json=body).status_code == 200
+
+    def rates(gw: Any) -> tuple[dict[str, float], dict[str, float]]:
+        """What the replica publishes now, and what it last heard from the others."""
+
+        def read() -> tuple[dict[str, float], dict[str, float]]:
+            return gw.arrivals.local_rates(time.monotonic()), dict(gw.arrivals.remote)
+
+        result: tuple[dict[str, float], dict[str, float]] = servers.call(read)
+        return result
+
+    assert rates(gw1)[0][MODEL] > 0  # counted as the requests came, with no one asking
+    # Once a sync after r1's last arrival has reached r2, r2 hears r1's rate as it was
+    # published, faded since that arrival: never less than r1's is as read after it.
+    wait_until(lambda: rates(gw2)[1].get(MODEL, 0.0) >= rates(gw1)[0][MODEL] > 0, timeout=10)
+    assert rates(gw2)[0] == {}  # r2 counted nothing of its own, so publishes nothing
+    assert rates(gw1)[1] == {}
+    for _ in range(3):
+        assert httpx.post(url2 + "/v1/chat/completions", json=body).status_code == 200
+    wait_until(lambda: MODEL in rates(gw1)[1], timeout=10)  # now r1 hears r2's
 
 
 def test_whole_answer_requests_show_progress_from_the_engines_token_counter(

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from gateway.store import CONFIG_BACKENDS, REPLICAS, SharedStore
+from gateway.store import CONFIG_BACKENDS, REPLICAS, SharedStore, arrivals_key, inflight_key
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
@@ -86,6 +86,47 @@ def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
             assert (await a.sync({})).remote_inflight == {"w1": 4}
         finally:
             await c.close()
+            await b.close()
+            await a.close()
+
+    asyncio.run(run())
+
+
+def test_sync_adds_up_the_other_replicas_arrival_rates_and_ignores_what_is_not_one() -> None:
+    """Rates cross the store as they are (not cut to integers); a peer that writes no
+    arrivals (an older replica) is still alive, and one whose fields are not finite
+    rates >= 0 adds nothing for them."""
+
+    async def run() -> None:
+        a = SharedStore(None, "a", 10.0)
+        await a.start()
+        b = SharedStore(a.url, "b", 10.0)
+        await b.start()
+        direct = aioredis.Redis.from_url(a.url, decode_responses=True)
+        try:
+            await b.sync({"w0": 1}, {"m": 2.25, "n": 0.125})
+            seen = await a.sync({"w0": 2}, {"m": 100.0})
+            assert seen.remote_rates == {"m": 2.25, "n": 0.125}  # not its own 100
+            assert seen.remote_inflight == {"w0": 1}
+            assert (await b.sync({"w0": 1}, {"m": 2.25})).remote_rates == {"m": 100.0}
+            # an older replica: in-flight counts, no arrivals hash
+            await direct.hset(inflight_key("old"), mapping={"w0": 3})
+            await direct.expire(inflight_key("old"), 60)
+            await direct.sadd(REPLICAS, "old")
+            # a hostile one: its counts and rates are not numbers, or not finite
+            await direct.hset(inflight_key("bad"), mapping={"w0": "lots", "w1": 2})
+            await direct.expire(inflight_key("bad"), 60)
+            await direct.hset(
+                arrivals_key("bad"),
+                mapping={"m": "inf", "n": "nan", "o": "-1", "p": "x", "q": "0.5"},
+            )
+            await direct.sadd(REPLICAS, "bad")
+            seen = await a.sync({}, {})
+            assert seen.replicas == 4
+            assert seen.remote_inflight == {"w0": 4, "w1": 2}
+            assert seen.remote_rates == {"m": 2.25, "q": 0.5}
+        finally:
+            await direct.aclose()
             await b.close()
             await a.close()
 

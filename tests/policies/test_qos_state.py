@@ -48,6 +48,15 @@ def test_the_rate_falls_when_the_requests_stop_and_rises_when_they_come_faster()
     assert burst.rate() > 3 * steady.rate()
 
 
+def test_read_later_the_rate_fades_as_the_count_would() -> None:
+    steady = counted([i * 0.5 for i in range(200)])
+    assert steady.rate_at(steady.last) == steady.rate()
+    assert steady.rate_at(steady.last - 5.0) == steady.rate()  # an earlier clock: no rise
+    later = steady.rate_at(steady.last + ARRIVALS_TAU)
+    assert later == pytest.approx(steady.rate() * np.exp(-1.0))
+    assert Arrivals().rate_at(100.0) == 0.0
+
+
 def test_a_clock_that_steps_back_does_not_raise_the_count_past_one_arrival() -> None:
     """Replicas' clocks differ: an arrival stamped before the last one is counted, not
     used to grow the count exponentially, and the clock does not step back with it."""
