@@ -422,6 +422,7 @@ def _admin_router(gw: Gateway) -> APIRouter:
                 "replicas": gw.monitor.replicas,
                 "snapshot_age_s": round(time.monotonic() - gw.monitor.last_sync, 3),
                 "inflight": gw.pool.total_inflight(),
+                "arrivals_per_s": gw.arrivals.describe(time.monotonic()),
             }
         )
 

@@ -45,6 +45,15 @@ class ArrivalCounts:
         rates = {m: a.rate_at(now) for m, a in self._local.items()}
         return {m: r for m, r in rates.items() if r >= QUIET}
 
+    def describe(self, now: float) -> dict[str, dict[str, float]]:
+        """Per model with traffic: the arrivals per second this replica counted (`here`,
+        as it publishes them) and those the others did (`others`), for operators."""
+        here = self.local_rates(now)
+        return {
+            m: {"here": round(here.get(m, 0.0), 4), "others": round(self.remote.get(m, 0.0), 4)}
+            for m in sorted(here.keys() | self.remote.keys())
+        }
+
     def heard(self, remote: Mapping[str, float]) -> None:
         """The other replicas' rates, summed per model, from the latest sync. What is
         not a finite rate (a hostile or broken peer's) counts as none."""

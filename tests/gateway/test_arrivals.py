@@ -49,3 +49,14 @@ def test_past_the_cap_of_models_the_counts_start_over() -> None:
     for t in (3.0, 4.0):
         counts.arrived("c", t)
     assert set(counts.local_rates(4.0)) == {"c"}
+
+
+def test_operators_see_each_models_rate_here_and_at_the_others() -> None:
+    counts = ArrivalCounts()
+    for i in range(41):
+        counts.arrived("m", i * 0.25)
+    counts.heard({"n": 1.5})
+    seen = counts.describe(10.0)
+    assert set(seen) == {"m", "n"}
+    assert seen["m"]["here"] == pytest.approx(4.0, rel=0.05) and seen["m"]["others"] == 0.0
+    assert seen["n"] == {"here": 0.0, "others": 1.5}
