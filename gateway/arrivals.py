@@ -6,6 +6,8 @@ other replicas'. A request's `RequestInfo.arrival_rate` is the two added: behind
 load balancer that spreads clients over R replicas, each sees about 1/R of them, and
 an actor trained on the whole fleet's rate would otherwise read a load R times lighter.
 Only rates cross the store, not clocks, so replicas on other hosts need no common time.
+A replica counts only for models whose policy reads the rate (`Need.ARRIVAL_RATE`); the
+routing lives in the shared store, so every replica counts for the same models.
 """
 
 from __future__ import annotations
