@@ -68,7 +68,8 @@ def arrivals_key(replica: str) -> str:
 # replicas' hashes by name, so it needs one Redis (not a cluster). A replica is alive
 # while its in-flight hash is; its arrivals hash may be missing (an older replica's).
 # Rates go back as text: Redis would cut a Lua number to an integer. A field that is
-# not a finite number >= 0 (a broken or hostile peer's) is left out of the sums.
+# not a number in [0, 1e12] (a broken or hostile peer's: text, NaN, infinite, negative
+# or past any real fleet, where the integer Redis returns is undefined) is left out.
 _SYNC = """
 local replicas, mine, my_rates, version = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, ttl, prefix, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -87,7 +88,7 @@ redis.call('SADD', replicas, me)
 local function add(h, sums, order)
   for i = 1, #h, 2 do
     local k, v = h[i], tonumber(h[i + 1])
-    if k ~= '' and v ~= nil and v == v and v >= 0 and v < math.huge then
+    if k ~= '' and v ~= nil and v >= 0 and v <= 1e12 then
       if sums[k] == nil then
         sums[k] = 0
         order[#order + 1] = k

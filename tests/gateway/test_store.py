@@ -94,8 +94,8 @@ def test_sync_adds_up_the_other_replicas_and_drops_the_expired_ones() -> None:
 
 def test_sync_adds_up_the_other_replicas_arrival_rates_and_ignores_what_is_not_one() -> None:
     """Rates cross the store as they are (not cut to integers); a peer that writes no
-    arrivals (an older replica) is still alive, and one whose fields are not finite
-    rates >= 0 adds nothing for them."""
+    arrivals (an older replica) is still alive, and one whose fields are not numbers
+    in [0, 1e12] adds nothing for them."""
 
     async def run() -> None:
         a = SharedStore(None, "a", 10.0)
@@ -114,11 +114,13 @@ def test_sync_adds_up_the_other_replicas_arrival_rates_and_ignores_what_is_not_o
             await direct.expire(inflight_key("old"), 60)
             await direct.sadd(REPLICAS, "old")
             # a hostile one: its counts and rates are not numbers, or not finite
-            await direct.hset(inflight_key("bad"), mapping={"w0": "lots", "w1": 2})
+            await direct.hset(
+                inflight_key("bad"), mapping={"w0": "lots", "w1": 2, "w2": "1e300", "w3": "nan"}
+            )
             await direct.expire(inflight_key("bad"), 60)
             await direct.hset(
                 arrivals_key("bad"),
-                mapping={"m": "inf", "n": "nan", "o": "-1", "p": "x", "q": "0.5"},
+                mapping={"m": "inf", "n": "nan", "o": "-1", "p": "x", "q": "0.5", "r": "1e300"},
             )
             await direct.sadd(REPLICAS, "bad")
             seen = await a.sync({}, {})
