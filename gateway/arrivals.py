@@ -57,8 +57,9 @@ class ArrivalCounts:
         }
 
     def heard(self, remote: Mapping[str, float]) -> None:
-        """The other replicas' rates, summed per model, from the latest sync. What is
-        not a finite rate (a hostile or broken peer's) counts as none."""
+        """The other replicas' rates, summed per model, from the latest sync. The store
+        has left out what no peer could mean (`gateway.store._SYNC`); a rate that is
+        still not finite and positive counts as none."""
         self.remote = {
             m: r for m, r in remote.items() if isinstance(r, float) and math.isfinite(r) and r > 0
         }

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import secrets
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,7 @@ class SyncResult:
     remote_inflight: dict[str, int]  # backend id -> other replicas' in-flight requests
     replicas: int
     config_version: int
-    remote_rates: dict[str, float] = field(default_factory=dict)  # model -> arrivals/s
+    remote_rates: dict[str, float]  # model -> other replicas' arrivals per second
 
 
 class EmbeddedStore:
