@@ -254,6 +254,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         drop=not args.no_drop,
         speed_prior=args.speed_prior,
         arrival_rate=args.arrival_rate,
+        critic_arrival_rate=args.critic_arrival_rate,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -634,6 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the agent reads the load: the requests arriving per second per expert, as the "
         "gateway measures it",
+    )
+    q.add_argument(
+        "--critic-arrival-rate",
+        action="store_true",
+        help="the critic alone reads the load; the actor's state and served graph stay as "
+        "without it",
     )
     q.add_argument(
         "--credit",

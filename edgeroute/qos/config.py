@@ -70,6 +70,7 @@ class SACConfig:
     init_alpha: float = 0.05  # rewards are QoS in [0, 1]: alpha = 1 would drown them
     drop: bool = True  # False: the actor never drops (`PointerHead.forbid_drop`)
     load: bool = False  # True: the encoders read the load (`edgeroute.qos.model`)
+    critic_load: bool = False  # True: the critic alone reads it (`TwinCritic`)
 
 
 DEFAULT_RATE, DEFAULT_LATENCY_MS = 5.0, 30.0  # the paper's default setting
@@ -208,6 +209,9 @@ class TrainConfig:
     # (`policies.qos_state.load_feature`), as the gateway measures it; see
     # docs/research.md, (136).
     arrival_rate: bool = False
+    # True: the critic alone reads the load, the actor's state stays as without it (an
+    # asymmetric actor-critic; see docs/research.md, (142)).
+    critic_arrival_rate: bool = False
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
@@ -245,6 +249,8 @@ class TrainConfig:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.keep not in KEEP:
             raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
+        if self.arrival_rate and self.critic_arrival_rate:
+            raise ValueError("the load is read by the actor and critic, or by the critic alone")
         check_range(self.rates, "lambda per second")
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:
@@ -299,6 +305,7 @@ class TrainConfig:
             init_alpha=self.init_alpha,
             drop=self.drop,
             load=self.arrival_rate,
+            critic_load=self.critic_arrival_rate,
         )
 
 

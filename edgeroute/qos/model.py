@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from policies.qos_state import F_EXPERT, F_REQ, INPUTS
 
 NEG = -1e9
+LOAD = INPUTS.index("load")
 
 
 def head_membership(hidden: int, heads: int) -> Tensor:
@@ -304,7 +305,11 @@ class QoSNet(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Two Q heads on one encoder: the clipped double-Q of SAC at the cost of one encoder."""
+    """Two Q heads on one encoder: the clipped double-Q of SAC at the cost of one encoder.
+
+    With `head_load`, the heads alone read the load (their own embedding of it added to
+    the arrived request's): an encoder shared with the actor stays as without it, so
+    the critic judges with what the actor is not given (an asymmetric actor-critic)."""
 
     def __init__(
         self,
@@ -313,14 +318,20 @@ class TwinCritic(nn.Module):
         heads: int = 4,
         layers: int = 2,
         load: bool = False,
+        head_load: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = make_encoder(encoder, hidden, heads, layers, load)
+        self.in_load = nn.Linear(1, hidden, bias=False) if head_load else None
         self.q1, self.q2 = PointerHead(hidden), PointerHead(hidden)
 
     def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:
         arr, exp = self.encoder(*obs)
-        return self.heads(arr, exp, obs[INPUTS.index("expert_mask")])
+        return self.heads(arr, exp, obs[INPUTS.index("expert_mask")], obs[LOAD])
 
-    def heads(self, arr: Tensor, exp: Tensor, expert_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def heads(
+        self, arr: Tensor, exp: Tensor, expert_mask: Tensor, load: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if self.in_load is not None:
+            arr = arr + self.in_load(load)
         return self.q1(arr, exp, expert_mask, 0.0), self.q2(arr, exp, expert_mask, 0.0)

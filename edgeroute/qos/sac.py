@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edgeroute.qos.config import SACConfig
-from edgeroute.qos.model import NEG, QoSNet, TwinCritic
+from edgeroute.qos.model import LOAD, NEG, QoSNet, TwinCritic
 from policies.qos_action import drawn
 from policies.qos_state import INPUTS
 
@@ -108,7 +108,7 @@ class SAC:
     def __init__(self, config: SACConfig, experts: int) -> None:
         c = config
         self.config = c
-        self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers, c.load)
+        self.critic = TwinCritic(c.encoder, c.hidden, c.heads, c.layers, c.load, c.critic_load)
         self.actor = QoSNet(c.encoder, c.hidden, c.heads, c.layers, load=c.load)
         self.actor.encoder = self.critic.encoder  # shared; trained by the critic's loss
         if not c.drop:
@@ -149,7 +149,7 @@ class SAC:
             v_next = (p_next * (torch.min(q1t, q2t) - self.alpha * logp_next)).sum(-1)
             target = reward + c.gamma * (1.0 - done) * v_next
         arr, exp = self.critic.encoder(*obs)
-        q1, q2 = self.critic.heads(arr, exp, obs[MASK])
+        q1, q2 = self.critic.heads(arr, exp, obs[MASK], obs[LOAD])
         a = action.unsqueeze(-1)
         loss_q = F.mse_loss(q1.gather(-1, a).squeeze(-1), target) + F.mse_loss(
             q2.gather(-1, a).squeeze(-1), target

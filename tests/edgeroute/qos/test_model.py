@@ -27,6 +27,7 @@ from edgeroute.qos.config import (
 from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
+from edgeroute.qos.sac import SAC, batch_of
 from edgeroute.qos.train import eval_settings, export_last, train
 from edgeroute.sim.edge import EdgeEnv, Fleet, Quality
 from policies.predictor import MODEL_ROOT
@@ -97,6 +98,44 @@ def test_an_encoder_reads_the_load_only_when_built_to(encoder: str, load: bool) 
     heavier = {**obs, "load": obs["load"] + 1.0}
     changed = np.abs(logits(net, obs) - logits(net, heavier)).max()
     assert (changed > 1e-4) == load
+
+
+@pytest.mark.parametrize("encoder", ["han", "experts"])
+def test_a_critic_built_to_read_the_load_alone_leaves_the_shared_encoder_without_it(
+    encoder: str,
+) -> None:
+    torch.manual_seed(0)
+    cfg = TrainConfig(variant="baseline" if encoder == "experts" else "full")
+    sac = SAC(replace(cfg, critic_arrival_rate=True).sac(), experts=5)
+    obs = example(4, 5, seed=4)
+    heavier = {**obs, "load": obs["load"] + 1.0}
+
+    def both(o: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        with torch.no_grad():
+            q1, _ = sac.critic(*batch_of(o))
+        return logits(sac.actor, o), q1.numpy()
+
+    (pi, q), (pi_heavier, q_heavier) = both(obs), both(heavier)
+    assert np.abs(q - q_heavier).max() > 1e-4
+    assert np.array_equal(pi, pi_heavier)
+    assert sac.actor.encoder is sac.critic.encoder
+
+
+def test_the_load_is_read_by_the_actor_and_critic_or_by_the_critic_alone() -> None:
+    with pytest.raises(ValueError, match="critic alone"):
+        TrainConfig(arrival_rate=True, critic_arrival_rate=True)
+
+
+@needs_data("the quality data")
+def test_a_run_whose_critic_alone_reads_the_load_serves_an_actor_without_it(
+    tmp_path: Path,
+) -> None:
+    result = train(tiny(critic_arrival_rate=True), DATA_DIR, tmp_path)
+    assert result["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
+    session = ort.InferenceSession(str(tmp_path / "actor.onnx"))
+    assert "load" not in {i.name for i in session.get_inputs()}
+    critic = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["sac"]["critic"]
+    assert critic["in_load.weight"].abs().sum() > 0
 
 
 @pytest.mark.parametrize("layers", [1, 2])
