@@ -255,6 +255,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         speed_prior=args.speed_prior,
         arrival_rate=args.arrival_rate,
         critic_arrival_rate=args.critic_arrival_rate,
+        herded_starts=args.herded_starts,
         credit=args.credit,
         impact=args.impact,
         steps=args.steps,
@@ -641,6 +642,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the critic alone reads the load; the actor's state and served graph stay as "
         "without it",
+    )
+    q.add_argument(
+        "--herded-starts",
+        type=float,
+        default=t.herded_starts,
+        metavar="SHARE",
+        help="this share of training episodes sends its first decisions (up to 40) to one "
+        "expert drawn at random, whatever the actor says",
     )
     q.add_argument(
         "--credit",

@@ -209,9 +209,12 @@ class TrainConfig:
     # (`policies.qos_state.load_feature`), as the gateway measures it; see
     # docs/research.md, (136).
     arrival_rate: bool = False
-    # True: the critic alone reads the load, the actor's state stays as without it (an
-    # asymmetric actor-critic; see docs/research.md, (142)).
+    # True: the critic's heads read the load; without `arrival_rate` the actor's state
+    # stays as without it (an asymmetric actor-critic; see docs/research.md, (142)).
     critic_arrival_rate: bool = False
+    # The share of training episodes whose first decisions all go to one expert drawn
+    # at random (`edgeroute.qos.train.herded_start`); see docs/research.md, (145).
+    herded_starts: float = 0.0
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
@@ -249,8 +252,8 @@ class TrainConfig:
             raise ValueError(f"the replay keeps at least one transition, not {self.buffer}")
         if self.keep not in KEEP:
             raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
-        if self.arrival_rate and self.critic_arrival_rate:
-            raise ValueError("the load is read by the actor and critic, or by the critic alone")
+        if not 0.0 <= self.herded_starts <= 1.0:
+            raise ValueError(f"herded starts are a share of episodes, not {self.herded_starts}")
         check_range(self.rates, "lambda per second")
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:

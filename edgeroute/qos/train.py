@@ -107,6 +107,22 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
     env.reset(int(rng.integers(1 << 30)), experts=experts, rate=rate, latency_req=latency)
 
 
+# The most decisions a herded start forces onto its expert (`herded_start`): at the
+# sweep's loads, several seconds of arrivals, enough to leave that expert with more in
+# flight than a steady agent ever gives one.
+HERD_DECISIONS = 40
+
+
+def herded_start(cfg: TrainConfig, rng: np.random.Generator) -> list[int]:
+    """[action, decisions]: the first decisions of a new episode that go to one expert
+    drawn at random whatever the actor says (with probability `cfg.herded_starts`; else
+    none). Stored like any other, they show the critic where herding leads and what
+    leaving it is worth, states a steady actor seldom visits (docs/research.md, (145))."""
+    if cfg.herded_starts == 0 or rng.random() >= cfg.herded_starts:
+        return [0, 0]
+    return [int(rng.integers(1, cfg.experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1))]
+
+
 class Pending:
     """Per-request credit: a decision's transition waits until the request it routed
     finishes, and is then stored with that request's own QoS (eq. 1), less the action
@@ -206,6 +222,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     sac = SAC(cfg.sac(), experts=cfg.experts)
     for env in envs:
         new_episode(env, cfg, rng)
+    forced = [herded_start(cfg, rng) for _ in envs]
     obs = [env.observe() for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
     pending = [Pending(replay) for _ in envs]
@@ -230,6 +247,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         for env in envs:  # episodes restart (their pending credit is lost); the learner
             # and its memory carry on
             new_episode(env, cfg, rng)
+        forced = [herded_start(cfg, rng) for _ in envs]
         obs = [env.observe() for env in envs]
         print(f"resumed {ckpt} at step {step}", flush=True)
     started = time.time() - seconds
@@ -242,6 +260,9 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             actions = rng.integers(int(not cfg.drop), cfg.experts + 1, len(envs))
         else:
             actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
+        for k, herd in enumerate(forced):
+            if herd[1] > 0:
+                actions[k], herd[1] = herd[0], herd[1] - 1
         spent["acting"] += time.perf_counter() - t0
         for k, env in enumerate(envs):
             t0 = time.perf_counter()
@@ -258,6 +279,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
                 new_episode(env, cfg, rng)
+                forced[k] = herded_start(cfg, rng)
                 nxt = env.observe()
             obs[k] = nxt
             spent["credit and replay"] += time.perf_counter() - t1

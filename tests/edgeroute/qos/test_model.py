@@ -121,11 +121,6 @@ def test_a_critic_built_to_read_the_load_alone_leaves_the_shared_encoder_without
     assert sac.actor.encoder is sac.critic.encoder
 
 
-def test_the_load_is_read_by_the_actor_and_critic_or_by_the_critic_alone() -> None:
-    with pytest.raises(ValueError, match="critic alone"):
-        TrainConfig(arrival_rate=True, critic_arrival_rate=True)
-
-
 @needs_data("the quality data")
 def test_a_run_whose_critic_alone_reads_the_load_serves_an_actor_without_it(
     tmp_path: Path,
@@ -136,6 +131,40 @@ def test_a_run_whose_critic_alone_reads_the_load_serves_an_actor_without_it(
     assert "load" not in {i.name for i in session.get_inputs()}
     critic = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["sac"]["critic"]
     assert critic["in_load.weight"].abs().sum() > 0
+
+
+def test_without_herded_starts_an_episode_starts_as_it_always_did() -> None:
+    from edgeroute.qos.train import herded_start
+
+    rng = np.random.default_rng(0)
+    before = rng.bit_generator.state
+    assert herded_start(TrainConfig(), rng) == [0, 0]
+    assert rng.bit_generator.state == before  # committed runs rebuild bit for bit
+    with pytest.raises(ValueError, match="share of episodes"):
+        TrainConfig(herded_starts=1.5)
+
+
+@needs_data("the quality data")
+def test_a_herded_start_sends_an_episodes_first_decisions_to_one_expert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every episode herded for longer than it lasts: each episode's transitions (one
+    environment, credited as they happen, so stored in order) all hold one expert, not
+    always the same."""
+    import edgeroute.qos.train as training
+
+    monkeypatch.setattr(training, "HERD_DECISIONS", 10_000)
+    cfg = tiny(herded_starts=1.0, envs=1, episode_len=16, credit="completion")
+    train(cfg, DATA_DIR, tmp_path)
+    actions = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["replay"]["action"]
+    episodes = np.asarray(actions).reshape(-1, 16)
+    assert len(episodes) == 16
+    assert all(len(set(e.tolist())) == 1 for e in episodes)
+    assert episodes.min() >= 1 and len(set(episodes[:, 0].tolist())) > 1
+    # and at a share of 0, the same run acts as the actor says
+    train(replace(cfg, herded_starts=0.0), DATA_DIR, tmp_path / "free")
+    free = torch.load(tmp_path / "free" / "checkpoint.pt", weights_only=False)["replay"]["action"]
+    assert not all(len(set(e.tolist())) == 1 for e in np.asarray(free).reshape(-1, 16))
 
 
 @pytest.mark.parametrize("layers", [1, 2])
