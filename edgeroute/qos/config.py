@@ -70,7 +70,7 @@ class SACConfig:
     init_alpha: float = 0.05  # rewards are QoS in [0, 1]: alpha = 1 would drown them
     drop: bool = True  # False: the actor never drops (`PointerHead.forbid_drop`)
     load: bool = False  # True: the encoders read the load (`edgeroute.qos.model`)
-    critic_load: bool = False  # True: the critic alone reads it (`TwinCritic`)
+    critic_load: bool = False  # True: the critic's heads read it (`TwinCritic`)
 
 
 DEFAULT_RATE, DEFAULT_LATENCY_MS = 5.0, 30.0  # the paper's default setting

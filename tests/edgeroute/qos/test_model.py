@@ -289,10 +289,6 @@ def test_an_agent_trained_without_the_drop_never_drops(tmp_path: Path) -> None:
     """`drop=False`: no drop is ever taken in training (warm-up included), the target
     entropy is over the experts alone, and the exported actor's drop logit is NEG
     whatever the state, so served with shedding on it still never sheds."""
-    import onnxruntime as ort
-
-    from edgeroute.qos.sac import SAC
-
     cfg = tiny(drop=False)
     assert SAC(cfg.sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(6))
     assert SAC(tiny().sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(7))
