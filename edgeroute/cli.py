@@ -640,8 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--critic-arrival-rate",
         action="store_true",
-        help="the critic alone reads the load; the actor's state and served graph stay as "
-        "without it",
+        help="the critic reads the load; without --arrival-rate the actor's state and "
+        "served graph stay as without it",
     )
     q.add_argument(
         "--herded-starts",

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from policies.qos_state import F_EXPERT, F_REQ, INPUTS
 
 NEG = -1e9
-LOAD = INPUTS.index("load")
+MASK, LOAD = INPUTS.index("expert_mask"), INPUTS.index("load")  # positions in an observation
 
 
 def head_membership(hidden: int, heads: int) -> Tensor:
@@ -327,7 +327,7 @@ class TwinCritic(nn.Module):
 
     def forward(self, *obs: Tensor) -> tuple[Tensor, Tensor]:
         arr, exp = self.encoder(*obs)
-        return self.heads(arr, exp, obs[INPUTS.index("expert_mask")], obs[LOAD])
+        return self.heads(arr, exp, obs[MASK], obs[LOAD])
 
     def heads(
         self, arr: Tensor, exp: Tensor, expert_mask: Tensor, load: Tensor

@@ -23,11 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edgeroute.qos.config import SACConfig
-from edgeroute.qos.model import LOAD, NEG, QoSNet, TwinCritic
+from edgeroute.qos.model import LOAD, MASK, NEG, QoSNet, TwinCritic
 from policies.qos_action import drawn
 from policies.qos_state import INPUTS
-
-MASK = INPUTS.index("expert_mask")
 
 
 class Replay:
