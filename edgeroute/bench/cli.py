@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, QUALITIES
+from edgeroute.qos.rollout import Lookahead
 from edgeroute.sim.edge import Fleet, check_range
 
 if TYPE_CHECKING:
@@ -102,6 +103,11 @@ def positive_factor(text: str) -> float:
     """`--speedup X` (of `bench qos --live`) or `--time-scale X` (of a simulated `bench
     qos`): a factor, X > 0."""
     return _positive(text, "a factor", "X", float)
+
+
+def positive_rates(text: str) -> list[float]:
+    """`--rates R1,R2,...` (of `bench qos-rollout`): requests per second, each > 0."""
+    return [positive_rate(part) for part in text.split(",")]
 
 
 def positive_int(text: str) -> int:
@@ -367,6 +373,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the policies see the engines from scrapes this many ms apart (default: exactly)",
     )
     qs.set_defaults(func=lambda a: _qos_shares(a))
+    qr = command(
+        "qos-rollout",
+        help="an agent against itself improved by one rollout step on the simulator (a "
+        "reference: what better decisions are worth at a setting)",
+    )
+    qr.add_argument("--quick", action="store_true", help="short episodes, files to a temp folder")
+    qr.add_argument("--seed", type=int, default=1, help="seeds from this one + 100, as bench qos")
+    qr.add_argument("--seeds", type=positive_int, default=10, help="environment seeds")
+    qr.add_argument("--json", help="also write the results as JSON here")
+    qr.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        required=True,
+        metavar="NAME=DIR[,DIR...]",
+        help="an agent's training runs, served by their argmax; repeatable",
+    )
+    qr.add_argument("--quality", choices=QUALITIES, default="routerdc", help="the quality world")
+    qr.add_argument(
+        "--rates", type=positive_rates, default=[5.0], metavar="R1,R2", help="lambdas, per second"
+    )
+    qr.add_argument(
+        "--scrape-ms",
+        type=positive_ms,
+        help="the policies see the engines from scrapes this many ms apart (default: exactly)",
+    )
+    look = Lookahead()
+    qr.add_argument(
+        "--horizon",
+        type=positive_int,
+        default=look.horizon,
+        help="decisions each copy of the episode runs",
+    )
+    qr.add_argument(
+        "--futures", type=positive_int, default=look.futures, help="copies per engine tried"
+    )
+    qr.add_argument(
+        "--truth",
+        action="store_true",
+        help="the copies know the requests' real lengths and scores (a bound), not their "
+        "predicted ones",
+    )
+    qr.add_argument(
+        "--own",
+        action="store_true",
+        help="score a copy by the tried request's QoS alone, not every request it routes",
+    )
+    qr.set_defaults(func=lambda a: _qos_rollout(a))
     qp = command("qos-pool", help="live QoS runs of one setting pooled over all their seeds")
     qp.add_argument(
         "runs", nargs="+", type=Path, metavar="RESULTS.json", help="`bench qos --live` results"
@@ -798,6 +852,23 @@ def _qos_shares(a: argparse.Namespace) -> None:
 
     runs = model_runs(a.model)
     main(a.quick, a.seed, a.seeds, a.json, runs, a.quality, a.scrape_ms, a.n, a.rate, a.latency_ms)
+
+
+def _qos_rollout(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_rollout import main
+
+    lookahead = Lookahead(a.horizon, a.futures, believed=not a.truth, own=a.own)
+    main(
+        a.quick,
+        a.seed,
+        a.seeds,
+        a.json,
+        model_runs(a.model),
+        a.rates,
+        lookahead,
+        a.quality,
+        a.scrape_ms,
+    )
 
 
 def _qos_pool(a: argparse.Namespace) -> None:

@@ -18,6 +18,7 @@ expects to cross L.
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import hashlib
@@ -623,6 +624,7 @@ class EdgeEnv:
         self._arrivals_override = arrivals
         self.prefix_cache = prefix_cache
         self.speed_prior = speed_prior
+        self.believed = False  # requests have their predicted lengths and scores (`fork`)
         self.reset(seed)
 
     @property
@@ -785,14 +787,15 @@ class EdgeEnv:
         """The waiting arrival as a request on expert n: that model's real answer length
         and score, and the predictions the router was given for it."""
         model = self.experts[n].spec.model
+        score, length = self.preds[n]
         return Req(
             self.task,
             self.now,
             self.task.prompt_tokens,
-            self.task.lengths[model],
-            self.task.scores[model],
-            self.preds[n][0],
-            self.preds[n][1],
+            max(1, round(length)) if self.believed else self.task.lengths[model],
+            score if self.believed else self.task.scores[model],
+            score,
+            length,
         )
 
     def impact_penalty(self, n: int, req: Req) -> float:
@@ -1002,6 +1005,36 @@ class EdgeEnv:
         self._next_request()
         reward = self._completed_qos - penalty
         return reward, self.decisions >= self.episode_len
+
+    def fork(self, seed: int, believed: bool = False) -> EdgeEnv:
+        """A copy of this episode as it stands, the waiting arrival included, whose
+        later arrivals are drawn afresh from `seed` (Poisson at its rate, prompts from
+        its tasks): what looking ahead may assume (`edgeroute.qos.rollout`), where the
+        episode's own future would be the truth. `believed`: in the copy every request,
+        in flight or to come, has its predicted length and score rather than its
+        model's real ones (a request past its predicted length ends at its next token),
+        so that the copy knows of the requests only what a router does. The copy keeps
+        no finished requests and is rewarded by completions, so it carries none of the
+        impact's bookkeeping; it shares the tasks, the predictor and the experts'
+        specs."""
+        if self._arrivals_override is not None:
+            raise ValueError("only an episode of Poisson arrivals can be forked")
+        shared = (self.tasks, self.predictor, self.specs, *self.tasks, *self.specs)
+        memo: dict[int, Any] = {id(x): x for x in shared}
+        memo |= {id(self.arrivals): None, id(self.finished): [], id(self.found): {}}
+        memo[id(self.given)] = [[] for _ in self.specs]
+        twin = copy.deepcopy(self, memo)
+        twin.rng = random.Random(seed)
+        now = self.now
+        twin.arrivals = (Arrival(now + a.t) for a in poisson_arrivals(self.rate, twin.rng))
+        twin.reward_kind = "completion"
+        if believed:
+            twin.believed = True
+            for e in twin.experts:
+                for r in (*e.running, *e.fresh, *e.waiting):
+                    r.length = max(r.generated + 1, round(r.pred_length))
+                    r.score = r.pred_score
+        return twin
 
     def drain(self) -> None:
         """Run until every routed request has finished (for evaluation)."""
