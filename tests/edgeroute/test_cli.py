@@ -249,6 +249,25 @@ def test_bench_qos_refuses_a_count_or_span_that_is_not_positive(
     assert f"{flag}: expected" in capsys.readouterr().err
 
 
+def test_a_rollouts_lookahead_and_rates_reach_the_benchmark(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[tuple[object, ...]] = []
+    monkeypatch.setattr("edgeroute.bench.qos_rollout.main", lambda *a: seen.append(a))
+    args = build_parser().parse_args(
+        ["bench", "qos-rollout", "--rates", "5,8", "--horizon", "16", "--truth", "--own"]
+        + ["--model", "a=x,y"]
+    )
+    args.func(args)
+    ((_, _, _, _, models, rates, look, quality, _),) = seen
+    assert models == {"a": [Path("x"), Path("y")]} and rates == [5.0, 8.0]
+    assert (look.horizon, look.futures, look.believed, look.own) == (16, 1, False, True)
+    assert quality == "routerdc"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "qos-rollout", "--rates", "5,0", "--model", "a=x"])
+    assert "--rates: expected" in capsys.readouterr().err
+
+
 def test_a_live_rate_is_only_for_live_runs() -> None:
     parser = build_parser()
     assert parser.parse_args(["bench", "qos", "--live", "--rate", "8"]).rate == 8.0

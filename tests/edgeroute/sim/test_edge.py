@@ -369,3 +369,99 @@ def test_an_agent_trained_with_the_prior_reads_unmeasured_experts_at_the_mean() 
     read["experts"][2, column] = 0.0
     for name, array in seen.items():
         np.testing.assert_array_equal(read[name], array)
+
+
+class _Believes:
+    """A predictor that says every model scores 0.3 with 50 tokens, whatever the truth."""
+
+    def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]:
+        return 0.3, 50.0
+
+
+def _poisson_env(seed: int = 3, **kw: Any) -> EdgeEnv:
+    slow = EdgeExpert(MODEL, base=0.02, k1=0.0001, k2=0.00001, memory_tokens=10_000)
+    tasks = [task(100, 20, score=0.8), task(60, 120, score=0.6)]
+    return EdgeEnv([EXPERT, slow], tasks, rate=20.0, seed=seed, **kw)
+
+
+def _in_flight(env: EdgeEnv) -> list[list[tuple[float, int, int]]]:
+    return [
+        [(r.arrival, r.prompt_tokens, r.generated) for r in (*e.running, *e.fresh, *e.waiting)]
+        for e in env.experts
+    ]
+
+
+def test_a_fork_starts_where_the_episode_stands_with_copies_of_its_requests() -> None:
+    env = _poisson_env()
+    for i in range(12):
+        env.step(1 + i % 2)
+    twin = env.fork(7)
+    assert twin.now == env.now and twin.task is env.task and twin.preds == env.preds
+    assert _in_flight(twin) == _in_flight(env) and any(_in_flight(env))
+    mine = {id(r) for e in env.experts for r in (*e.running, *e.fresh, *e.waiting)}
+    assert not mine & {id(r) for e in twin.experts for r in (*e.running, *e.fresh, *e.waiting)}
+    assert twin.finished == [] and twin.reward_kind == "completion"
+
+
+def test_running_a_fork_leaves_the_episode_as_it_would_have_been() -> None:
+    """Two episodes alike; one is forked and the fork run on and drained: both then go
+    on to the same end, request for request."""
+    a, b = _poisson_env(), _poisson_env()
+    for i in range(10):
+        a.step(1 + i % 2)
+        b.step(1 + i % 2)
+    twin = a.fork(5)
+    for _ in range(30):
+        twin.step(1)
+    twin.drain()
+    for i in range(20):
+        a.step(2 - i % 2)
+        b.step(2 - i % 2)
+    a.drain()
+    b.drain()
+    assert [(r.arrival, r.done_at, r.score) for r in a.finished] == [
+        (r.arrival, r.done_at, r.score) for r in b.finished
+    ]
+
+
+def test_a_forks_arrivals_are_drawn_from_its_seed_not_the_episodes_future() -> None:
+    env = _poisson_env()
+    env.step(1)
+
+    def arrivals(twin: EdgeEnv) -> list[float]:
+        times = []
+        for _ in range(5):
+            twin.step(1)
+            times.append(twin.now)
+        return times
+
+    same, again, other = arrivals(env.fork(5)), arrivals(env.fork(5)), arrivals(env.fork(6))
+    assert same == again and same != other
+    assert all(t > env.now for t in same)
+    own = []
+    for _ in range(5):
+        env.step(1)
+        own.append(env.now)
+    assert own != same
+
+
+def test_a_believed_fork_knows_only_the_predicted_lengths_and_scores() -> None:
+    env = _poisson_env(predictor=_Believes())
+    for _ in range(4):
+        env.step(1)
+    plain, believed = env.fork(5), env.fork(5, believed=True)
+    held = [r for e in believed.experts for r in (*e.running, *e.fresh, *e.waiting)]
+    assert held and all(r.score == 0.3 and r.length == max(r.generated + 1, 50) for r in held)
+    assert {r.length for e in plain.experts for r in e.running} <= {20, 120}
+    believed.step(2)
+    plain.step(2)
+    assert believed.last_request is not None and plain.last_request is not None
+    assert (believed.last_request.length, believed.last_request.score) == (50, 0.3)
+    assert (plain.last_request.length, plain.last_request.score) in {(20, 0.8), (120, 0.6)}
+    assert not env.believed  # the episode itself still holds the truth
+
+
+def test_only_an_episode_of_poisson_arrivals_can_be_forked() -> None:
+    env = env_with(EXPERT, [task()], [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="Poisson"):
+        env.fork(1)
