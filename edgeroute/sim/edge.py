@@ -28,7 +28,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -382,7 +382,10 @@ class ServedPredictor:
         return found[model]
 
 
-Predictor = NoisyOracle | ServedPredictor
+class Predictor(Protocol):
+    """What the router is told of a request on a model: (score, length in tokens)."""
+
+    def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]: ...
 
 
 @dataclass(frozen=True)

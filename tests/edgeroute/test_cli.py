@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,11 +253,10 @@ def test_bench_qos_refuses_a_count_or_span_that_is_not_positive(
 def test_a_rollouts_lookahead_and_rates_reach_the_benchmark(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen: list[tuple[object, ...]] = []
+    seen: list[tuple[Any, ...]] = []
     monkeypatch.setattr("edgeroute.bench.qos_rollout.main", lambda *a: seen.append(a))
     args = build_parser().parse_args(
-        ["bench", "qos-rollout", "--rates", "5,8", "--horizon", "16", "--truth", "--own"]
-        + ["--model", "a=x,y"]
+        shlex.split("bench qos-rollout --rates 5,8 --horizon 16 --truth --own --model a=x,y")
     )
     args.func(args)
     ((_, _, _, _, models, rates, look, quality, _),) = seen
