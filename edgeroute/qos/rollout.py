@@ -13,7 +13,6 @@ are worth at a setting (docs/research.md, (150)).
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -57,22 +56,27 @@ def copy_qos(env: EdgeEnv, base: Policy, first: int, start: int, lookahead: Look
 
 def rollout(base: Policy, lookahead: Lookahead = Lookahead()) -> Policy:
     """`base` improved by one rollout step: every expert tried in `lookahead.futures`
-    copies of the episode, the best on the mean taken (the lowest index on a tie). The
-    copies' arrivals are seeded by the decision's instant, so each decision of an
-    episode is the same however often it is run, and every expert meets the same
-    futures (common random numbers)."""
+    copies of the episode, the best on the mean taken; the base's own choice unless
+    another is strictly better (ties are common: a request that meets L nowhere scores
+    0 everywhere). The copies' arrivals are seeded by the decision's instant, so each
+    decision of an episode is the same however often it is run, and every expert meets
+    the same futures (common random numbers)."""
 
     def act(env: EdgeEnv, i: int) -> int:
         seeds = [
             random.Random(f"{env.now!r}/{f}").getrandbits(64) for f in range(lookahead.futures)
         ]
-        best, best_value = 1, -math.inf
-        for action in range(1, env.n + 1):
-            value = sum(
+
+        def value(action: int) -> float:
+            return sum(
                 copy_qos(env.fork(s, lookahead.believed), base, action, i, lookahead) for s in seeds
             )
-            if value > best_value:
-                best, best_value = action, value
+
+        best = base(env, i)
+        best_value = value(best)
+        for action in range(1, env.n + 1):
+            if action != best and (v := value(action)) > best_value:
+                best, best_value = action, v
         return best
 
     return act

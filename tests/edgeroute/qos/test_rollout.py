@@ -54,6 +54,13 @@ def test_believed_it_follows_the_predictions_and_told_the_truth_it_follows_that(
     assert _experts(episode(_env([FAST, EVEN]), rollout(always(1), truth), 1)) == {1}
 
 
+def test_where_nothing_is_better_it_keeps_the_bases_choice() -> None:
+    """Both experts too slow for L = 1 ms: every copy scores 0, and the rollout goes
+    where the base goes, not to the first expert."""
+    env = EdgeEnv([SLOW, FAST], [TASK], rate=4.0, seed=1, episode_len=12, latency_req=0.001)
+    assert _experts(episode(env, rollout(always(2), Lookahead(3, own=True)), 1)) == {1}
+
+
 def test_looking_ahead_leaves_the_episode_as_it_was() -> None:
     """A policy that looks ahead at every decision but acts as its base ends where the
     base alone ends: the copies touch nothing of the episode, its generator included."""
