@@ -332,13 +332,7 @@ def cmd_qos_distill(args: argparse.Namespace) -> None:
     from edgeroute.qos.config import DistillConfig
     from edgeroute.qos.distill import distill
 
-    dc = DistillConfig(
-        states=args.states,
-        epochs=args.epochs,
-        seed=args.seed,
-        rounds=args.rounds,
-        rollout_horizon=args.rollout_horizon,
-    )
+    dc = DistillConfig(states=args.states, epochs=args.epochs, seed=args.seed, rounds=args.rounds)
     data = Path(args.data_dir) if args.data_dir else default_data_dir()
     record = distill(Path(args.teacher), data, Path(args.out), dc)
     d = record["distilled"]
@@ -775,14 +769,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=dd.rounds,
         help="1: learn the teacher's states; more: each further round adds half as many "
         "states where the student acts, labelled by the teacher (DAgger)",
-    )
-    qd.add_argument(
-        "--rollout-horizon",
-        type=int,
-        default=dd.rollout_horizon,
-        metavar="H",
-        help="0: learn the teacher's probabilities from scratch; H > 0: learn the choices "
-        "of the teacher improved by one rollout step of H decisions, from its weights",
     )
     _data_dir_option(qd)
     qd.set_defaults(func=cmd_qos_distill)

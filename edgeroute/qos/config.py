@@ -326,8 +326,3 @@ class DistillConfig:
     # 1: the teacher's states alone; each further round adds states // 2 where the
     # student acts, labelled by the teacher (DAgger), and epochs // 2 passes
     rounds: int = 1
-    # 0: the student learns the teacher's probabilities, from scratch; H > 0: it learns
-    # the choices of the teacher improved by one rollout step of H decisions
-    # (`edgeroute.qos.rollout`, believed, scored by the tried request), starting from
-    # the teacher's own weights (docs/research.md, (154))
-    rollout_horizon: int = 0

@@ -31,9 +31,8 @@ import torch
 
 from edgeroute.qos.config import DistillConfig, TrainConfig, read_record, write_record
 from edgeroute.qos.evaluate import Policy
-from edgeroute.qos.export import export_actor, load_actor, parity
+from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.model import QoSNet
-from edgeroute.qos.rollout import Lookahead, rollout
 from edgeroute.qos.sac import batch_of, stack
 from edgeroute.qos.train import (
     eval_score,
@@ -42,7 +41,7 @@ from edgeroute.qos.train import (
     source_commit,
     training_predictor,
 )
-from edgeroute.sim.edge import EdgeEnv, load_tasks
+from edgeroute.sim.edge import load_tasks
 from policies.onnx_session import one_thread_session
 from policies.qos_action import drawn
 from policies.qos_state import INPUTS
@@ -66,43 +65,9 @@ class OnnxActor:
         """Its argmax, as a simulator policy."""
         return lambda env, i: int(self.logits(env.observe())[0].argmax())
 
-    def labels(self, envs: list[EdgeEnv], obs: dict[str, np.ndarray]) -> np.ndarray:
-        """What a student learns on `obs` (the worlds `envs` as they stand): its logits."""
-        return self.logits(obs)
-
 
 class Actor(Protocol):
     def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray: ...
-
-
-class Teacher(Actor, Protocol):
-    def labels(self, envs: list[EdgeEnv], obs: dict[str, np.ndarray]) -> np.ndarray: ...
-
-
-# A chosen action's logit over every other's, for labels that are a choice: its
-# softmax is the choice within e^-20.
-CHOICE_GAP = 20.0
-
-
-class RolloutTeacher:
-    """An actor improved by one rollout step (`edgeroute.qos.rollout`): it acts as the
-    actor does, and labels each state with the rollout's choice (one-hot logits). The
-    rollout looks ahead in copies of the training world, which a served actor cannot:
-    a student learns what of its choices the actor's state can tell."""
-
-    def __init__(self, actor: OnnxActor, lookahead: Lookahead) -> None:
-        self.actor = actor
-        self.choose = rollout(actor.policy(), lookahead)
-
-    def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.actor.logits(obs)
-
-    def labels(self, envs: list[EdgeEnv], obs: dict[str, np.ndarray]) -> np.ndarray:
-        batch, n = obs["expert_mask"].shape
-        out = np.full((batch, 1 + n), -CHOICE_GAP, np.float32)
-        for k, env in enumerate(envs):
-            out[k, self.choose(env, env.decisions)] = 0.0
-        return out
 
 
 class Student:
@@ -119,7 +84,7 @@ class Student:
 
 
 def visited(
-    teacher: Teacher,
+    teacher: OnnxActor,
     cfg: TrainConfig,
     dc: DistillConfig,
     data_dir: Path,
@@ -128,7 +93,7 @@ def visited(
     seed: int | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """`states` (`dc.states`) observations from `cfg.envs` training worlds acted by
-    `acting` (the teacher), and the teacher's labels of each (`Teacher.labels`)."""
+    `acting` (the teacher), and the teacher's logits on each."""
     states = dc.states if states is None else states
     rng = np.random.default_rng(dc.seed if seed is None else seed)
     predictor = training_predictor(cfg)
@@ -142,8 +107,8 @@ def visited(
     started, shown = time.time(), 0
     while len(observations) < states:
         obs = stack([env.observe() for env in envs])
-        out = teacher.labels(envs, obs)
-        acts = (teacher if acting is None else acting).logits(obs)
+        out = teacher.logits(obs)
+        acts = out if acting is None else acting.logits(obs)
         actions = np.where(
             by_draws, drawn(acts.astype(np.float64), rng.random((len(envs), 1))), acts.argmax(-1)
         )
@@ -236,17 +201,10 @@ def distill(teacher_dir: Path, data_dir: Path, out: Path, dc: DistillConfig) -> 
     config = read_record(teacher_dir)["config"]
     cfg = replace(TrainConfig.from_record({**config, "seed": dc.seed}), seed=dc.seed)
     torch.set_num_threads(cfg.threads)
-    actor = OnnxActor(teacher_dir / "actor.onnx")
-    teacher: Teacher = actor
-    start: QoSNet | None = None
-    if dc.rollout_horizon:
-        teacher = RolloutTeacher(actor, Lookahead(dc.rollout_horizon, own=True))
-        start = load_actor(teacher_dir / "actor.onnx", config)
-        if not cfg.drop:
-            start.head.forbid_drop()
+    teacher = OnnxActor(teacher_dir / "actor.onnx")
     obs, logits = visited(teacher, cfg, dc, data_dir)
     train, held = split(len(logits), dc)
-    student, close = fitted(cfg, dc, obs, logits, (train, held), start)
+    student, close = fitted(cfg, dc, obs, logits, (train, held))
     rounds = [close]
     for r in range(1, dc.rounds):
         more, labels = visited(
@@ -264,7 +222,7 @@ def distill(teacher_dir: Path, data_dir: Path, out: Path, dc: DistillConfig) -> 
     diff = parity(student, out / "actor.onnx")
     env = make_env(cfg, data_dir, episode_len=512)
     scores = {
-        "teacher": eval_score(env, cfg, actor.policy()),
+        "teacher": eval_score(env, cfg, teacher.policy()),
         "student": eval_score(env, cfg, OnnxActor(out / "actor.onnx").policy()),
     }
     print(
@@ -292,9 +250,7 @@ __all__ = [
     "Actor",
     "DistillConfig",
     "OnnxActor",
-    "RolloutTeacher",
     "Student",
-    "Teacher",
     "distill",
     "fitted",
     "split",

@@ -11,16 +11,7 @@ import pytest
 
 from edgeroute.cli import main
 from edgeroute.qos.config import DistillConfig, TrainConfig, read_record
-from edgeroute.qos.distill import (
-    CHOICE_GAP,
-    OnnxActor,
-    RolloutTeacher,
-    Student,
-    fitted,
-    split,
-    visited,
-)
-from edgeroute.qos.rollout import Lookahead
+from edgeroute.qos.distill import OnnxActor, Student, fitted, split, visited
 from policies.predictor import MODEL_ROOT, predictor_dir
 from policies.qos_drl import QoSDRL
 from policies.types import RequestInfo
@@ -110,41 +101,3 @@ def test_the_command_writes_an_actor_the_gateway_serves(
     view = random_view(np.random.default_rng(0), policy.predictor.models, 6, now=10.0)
     decision = policy.decide(RequestInfo("m", 100, prompt="sort a list", now=10.0), view)
     assert decision.backend_id in {b.id for b in view.backends}
-
-
-def test_a_rollout_teacher_labels_the_actors_states_with_the_rollouts_choices() -> None:
-    """The worlds are acted as the actor acts them (the same states as the actor's own
-    teaching); each label is one choice, the rollout's, which is not always the
-    actor's argmax."""
-    actor = OnnxActor(RUN / "actor.onnx")
-    cfg = replace(run_config(), envs=4)
-    small = replace(SMALL, states=120)
-    teacher = RolloutTeacher(actor, Lookahead(3, own=True))
-    obs, labels = visited(teacher, cfg, small, DATA_DIR)
-    plain, _ = visited(actor, cfg, small, DATA_DIR)
-    assert all(np.array_equal(obs[k], plain[k]) for k in obs)
-    assert ((labels == 0.0).sum(-1) == 1).all()
-    assert set(np.unique(labels)) == {0.0, -CHOICE_GAP}
-    assert labels[:, 0].max() < 0  # an actor that never drops is never taught to
-    own = actor.logits(obs).argmax(-1)
-    assert 0 < (labels.argmax(-1) == own).mean() < 1
-
-
-def test_a_rollout_student_starts_from_the_teachers_weights(tmp_path: Path) -> None:
-    """With no pass over the states, the student is the teacher."""
-    for name in ("predictor.onnx", "predictor.json"):
-        shutil.copy(predictor_dir(RUN) / name, tmp_path / name)
-    out = tmp_path / "rolled"
-    main(
-        ["train", "qos-distill", str(RUN), "--out", str(out), "--states", "64",
-         "--epochs", "0", "--rollout-horizon", "2", "--data-dir", str(DATA_DIR)]
-    )  # fmt: skip
-    assert read_record(out)["distilled"]["rollout_horizon"] == 2
-    obs, _ = visited(
-        OnnxActor(RUN / "actor.onnx"), replace(run_config(), envs=4), replace(SMALL, states=64),
-        DATA_DIR,
-    )  # fmt: skip
-    np.testing.assert_allclose(
-        OnnxActor(out / "actor.onnx").logits(obs), OnnxActor(RUN / "actor.onnx").logits(obs),
-        rtol=1e-4, atol=1e-4,
-    )  # fmt: skip
