@@ -115,6 +115,32 @@ def positive_int(text: str) -> int:
     return _positive(text, "a whole number", "N", int)
 
 
+def engine_episode_options(
+    p: argparse.ArgumentParser, quality: str, model_required: bool = False
+) -> None:
+    """The options of a benchmark of episodes on the live run's engines (`qos-shares`,
+    `qos-rollout`): the run's size and seeds, its agents, the quality world (by default
+    `quality`) and the scrape."""
+    p.add_argument("--quick", action="store_true", help="short episodes, files to a temp folder")
+    p.add_argument("--seed", type=int, default=1, help="seeds from this one + 100, as bench qos")
+    p.add_argument("--seeds", type=positive_int, default=10, help="environment seeds")
+    p.add_argument("--json", help="also write the results as JSON here")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        required=model_required,
+        metavar="NAME=DIR[,DIR...]",
+        help="an agent's training runs, served by their argmax; repeatable",
+    )
+    p.add_argument("--quality", choices=QUALITIES, default=quality, help="the quality world")
+    p.add_argument(
+        "--scrape-ms",
+        type=positive_ms,
+        help="the policies see the engines from scrapes this many ms apart (default: exactly)",
+    )
+
+
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help line, unless the help already names it."""
 
@@ -350,27 +376,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     qs = command(
         "qos-shares", help="where each policy sends requests on the engines, and what it earns"
     )
-    qs.add_argument("--quick", action="store_true", help="short episodes, files to a temp folder")
-    qs.add_argument("--seed", type=int, default=1, help="seeds from this one + 100, as bench qos")
-    qs.add_argument("--seeds", type=positive_int, default=10, help="environment seeds")
-    qs.add_argument("--json", help="also write the results as JSON here")
-    qs.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="NAME=DIR[,DIR...]",
-        help="an agent's training runs, served by their argmax; repeatable",
-    )
-    qs.add_argument("--quality", choices=QUALITIES, default=QUALITIES[0], help="the quality world")
+    engine_episode_options(qs, QUALITIES[0])
     qs.add_argument("--n", type=positive_int, default=6, help="engines (the profiles cycled)")
     qs.add_argument("--rate", type=positive_rate, default=5.0, help="requests per second")
     qs.add_argument(
         "--latency-ms", type=positive_ms, default=30.0, help="the latency target L per token"
-    )
-    qs.add_argument(
-        "--scrape-ms",
-        type=positive_ms,
-        help="the policies see the engines from scrapes this many ms apart (default: exactly)",
     )
     qs.set_defaults(func=lambda a: _qos_shares(a))
     qr = command(
@@ -378,26 +388,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="an agent against itself improved by one rollout step on the simulator (a "
         "reference: what better decisions are worth at a setting)",
     )
-    qr.add_argument("--quick", action="store_true", help="short episodes, files to a temp folder")
-    qr.add_argument("--seed", type=int, default=1, help="seeds from this one + 100, as bench qos")
-    qr.add_argument("--seeds", type=positive_int, default=10, help="environment seeds")
-    qr.add_argument("--json", help="also write the results as JSON here")
-    qr.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        required=True,
-        metavar="NAME=DIR[,DIR...]",
-        help="an agent's training runs, served by their argmax; repeatable",
-    )
-    qr.add_argument("--quality", choices=QUALITIES, default="routerdc", help="the quality world")
+    engine_episode_options(qr, "routerdc", model_required=True)
     qr.add_argument(
         "--rates", type=positive_rates, default=[5.0], metavar="R1,R2", help="lambdas, per second"
-    )
-    qr.add_argument(
-        "--scrape-ms",
-        type=positive_ms,
-        help="the policies see the engines from scrapes this many ms apart (default: exactly)",
     )
     look = Lookahead()
     qr.add_argument(
