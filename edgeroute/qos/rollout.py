@@ -22,6 +22,11 @@ from edgeroute.sim.edge import EdgeEnv, Req
 
 @dataclass(frozen=True)
 class Lookahead:
+    """How a rollout looks ahead: how far, in how many copies, knowing what, and what
+    it scores. Scored by the tried request alone (`own`) it is greedy; scored by every
+    request a copy routes it needs several copies to see one decision's effect through
+    the copies' noise (docs/research.md, (150)-(154))."""
+
     horizon: int = 64  # decisions each copy runs, the tried one first, then drained
     futures: int = 1  # copies per expert, each with its own arrivals (shared by the experts)
     # True: the copies know the requests' predicted lengths and scores only
