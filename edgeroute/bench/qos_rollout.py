@@ -4,14 +4,15 @@ An agent's runs against the same runs improved by one rollout step
 (`edgeroute.qos.rollout`) on the engines' fleet, seed by seed, at each given lambda
 (N = 6, L = 30 ms, environment seeds numbered as `bench qos` numbers them). The rollout
 looks ahead with the simulator's physics and the engines' exact state, which the agent
-does not have, so it is a reference, not a contender; where it scores no more than its
-base, the setting leaves that base little to gain by deciding better with what it
-knows.
+does not have, so it is a reference, not a contender. It improves on its base only as
+far as its copies value what matters: greedy (`--own`) or over a window that ends (every
+request of a copy), it can do worse than the agent (docs/research.md, (150)-(154)).
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +114,7 @@ def main(
         "seeds": seeds,
         "rates": rates,
         "scrape_ms": scrape_ms,
-        "lookahead": {
-            "horizon": lookahead.horizon,
-            "futures": lookahead.futures,
-            "believed": lookahead.believed,
-            "own": lookahead.own,
-        },
+        "lookahead": asdict(lookahead),
         "models": {k: [recorded(d) for d in v] for k, v in models.items()},
     }
     write(
