@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -113,14 +113,22 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
 HERD_DECISIONS = 40
 
 
-def herded_start(cfg: TrainConfig, rng: np.random.Generator) -> list[int]:
-    """[action, decisions]: the first decisions of a new episode that go to one expert
-    drawn at random whatever the actor says (with probability `cfg.herded_starts`; else
-    none). Stored like any other, they show the critic where herding leads and what
-    leaving it is worth, states a steady actor seldom visits (docs/research.md, (145))."""
+class Herd(NamedTuple):
+    """The decisions still to go to one expert at an episode's start, whatever the actor
+    says (`herded_start`); none by default."""
+
+    action: int = 0
+    decisions: int = 0
+
+
+def herded_start(cfg: TrainConfig, rng: np.random.Generator) -> Herd:
+    """A new episode's first decisions that go to one expert drawn at random (with
+    probability `cfg.herded_starts`; else none). Stored like any other, they show the
+    critic where herding leads and what leaving it is worth, states a steady actor
+    seldom visits (docs/research.md, (145))."""
     if cfg.herded_starts == 0 or rng.random() >= cfg.herded_starts:
-        return [0, 0]
-    return [int(rng.integers(1, cfg.experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1))]
+        return Herd()
+    return Herd(int(rng.integers(1, cfg.experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1)))
 
 
 class Pending:
@@ -261,8 +269,9 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         else:
             actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
         for k, herd in enumerate(forced):
-            if herd[1] > 0:
-                actions[k], herd[1] = herd[0], herd[1] - 1
+            if herd.decisions > 0:
+                actions[k] = herd.action
+                forced[k] = herd._replace(decisions=herd.decisions - 1)
         spent["acting"] += time.perf_counter() - t0
         for k, env in enumerate(envs):
             t0 = time.perf_counter()

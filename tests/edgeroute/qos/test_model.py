@@ -134,11 +134,11 @@ def test_a_run_whose_critic_alone_reads_the_load_serves_an_actor_without_it(
 
 
 def test_without_herded_starts_an_episode_starts_as_it_always_did() -> None:
-    from edgeroute.qos.train import herded_start
+    from edgeroute.qos.train import Herd, herded_start
 
     rng = np.random.default_rng(0)
     before = rng.bit_generator.state
-    assert herded_start(TrainConfig(), rng) == [0, 0]
+    assert herded_start(TrainConfig(), rng) == Herd()
     assert rng.bit_generator.state == before  # committed runs rebuild bit for bit
     with pytest.raises(ValueError, match="share of episodes"):
         TrainConfig(herded_starts=1.5)
