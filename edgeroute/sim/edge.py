@@ -443,6 +443,13 @@ class Req:
     def latency_per_token(self, now: float) -> float:
         return (now - self.arrival) / max(1, self.generated)
 
+    def believe(self) -> None:
+        """Take its predicted length and score for its real ones, as a world that knows
+        only the predictions would (`EdgeEnv.fork`); one past its predicted length ends
+        at its next token."""
+        self.length = max(self.generated + 1, round(self.pred_length))
+        self.score = self.pred_score
+
 
 @dataclass(frozen=True)
 class Scraped:
@@ -627,7 +634,9 @@ class EdgeEnv:
         self._arrivals_override = arrivals
         self.prefix_cache = prefix_cache
         self.speed_prior = speed_prior
-        self.believed = False  # requests have their predicted lengths and scores (`fork`)
+        self.believed = (
+            False  # requests have their predicted lengths and scores (`fork`, `Req.believe`)
+        )
         self.reset(seed)
 
     @property
@@ -790,16 +799,18 @@ class EdgeEnv:
         """The waiting arrival as a request on expert n: that model's real answer length
         and score, and the predictions the router was given for it."""
         model = self.experts[n].spec.model
-        score, length = self.preds[n]
-        return Req(
+        req = Req(
             self.task,
             self.now,
             self.task.prompt_tokens,
-            max(1, round(length)) if self.believed else self.task.lengths[model],
-            score if self.believed else self.task.scores[model],
-            score,
-            length,
+            self.task.lengths[model],
+            self.task.scores[model],
+            self.preds[n][0],
+            self.preds[n][1],
         )
+        if self.believed:
+            req.believe()
+        return req
 
     def impact_penalty(self, n: int, req: Req) -> float:
         """What routing `req` (the current arrival) to expert n costs the requests there:
@@ -1035,8 +1046,7 @@ class EdgeEnv:
             twin.believed = True
             for e in twin.experts:
                 for r in (*e.running, *e.fresh, *e.waiting):
-                    r.length = max(r.generated + 1, round(r.pred_length))
-                    r.score = r.pred_score
+                    r.believe()
         return twin
 
     def drain(self) -> None:
