@@ -67,10 +67,12 @@ def main(
         episode=128 if quick else 512,
         scrape_ms=scrape_ms,
     )
+    agents = {
+        name: [served(load(d, DEFAULT_LATENCY_MS)) for d in dirs] for name, dirs in models.items()
+    }
     rows: list[dict[str, Any]] = []
     for rate in rates:
-        for name, dirs in models.items():
-            runs = [served(load(d, DEFAULT_LATENCY_MS)) for d in dirs]
+        for name, runs in agents.items():
             policies: dict[str, list[Policy]] = {
                 name: runs,
                 f"rollout({name})": [rollout(r, lookahead) for r in runs],

@@ -3,12 +3,12 @@
 Rollout (Bertsekas' policy improvement by simulation) tries every expert for the
 waiting arrival, follows the base policy for the next decisions in a copy of the
 episode, and takes the expert whose copies fared best. It looks ahead with the
-simulator's exact physics and the experts' exact state, which no router has; it does
-not read the episode's own future or the requests' true scores: each copy draws its
-arrivals afresh (`EdgeEnv.fork`) and is scored by the predicted scores, as a router
-with a perfect model of its engines could. What it scores over its base policy bounds
-what better decisions, as opposed to better knowledge of the future or the quality,
-are worth at a setting (docs/research.md, (150)).
+simulator's exact physics and the experts' exact state, which no router has; it never
+reads the episode's own future (each copy draws its arrivals afresh, `EdgeEnv.fork`)
+and, unless told the truth (`Lookahead.believed`), not the requests' real lengths and
+scores either, as a router with a perfect model of its engines could. It improves on
+its base only as far as its copies value what matters: greedy or over a window that
+ends, it can do worse (docs/research.md, (150)-(154)).
 """
 
 from __future__ import annotations
