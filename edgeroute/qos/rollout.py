@@ -5,8 +5,8 @@ waiting arrival, follows the base policy for the next decisions in a copy of the
 episode, and takes the expert whose copies fared best. It looks ahead with the
 simulator's exact physics and the experts' exact state, which no router has; it never
 reads the episode's own future (each copy draws its arrivals afresh, `EdgeEnv.fork`)
-and, unless told the truth (`Lookahead.believed`), not the requests' real lengths and
-scores either, as a router with a perfect model of its engines could. It improves on
+and, unless told the truth (`Lookahead(believed=False)`, `--truth`), not the requests'
+real lengths and scores either, as a router with a perfect model of its engines could. It improves on
 its base only as far as its copies value what matters: greedy or over a window that
 ends, it can do worse (docs/research.md, (150)-(154)).
 """

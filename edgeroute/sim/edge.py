@@ -634,9 +634,8 @@ class EdgeEnv:
         self._arrivals_override = arrivals
         self.prefix_cache = prefix_cache
         self.speed_prior = speed_prior
-        self.believed = (
-            False  # requests have their predicted lengths and scores (`fork`, `Req.believe`)
-        )
+        # requests have their predicted lengths and scores (`fork`, `Req.believe`)
+        self.believed = False
         self.reset(seed)
 
     @property
