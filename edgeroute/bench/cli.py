@@ -457,6 +457,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="an agent of the run that is a baseline (dsa, Baseline RL), repeatable; the "
         "heuristics always are",
     )
+    qb.add_argument(
+        "--max-loop-lag-ms",
+        type=float,
+        metavar="MS",
+        help="refuse to judge a live run whose harness's event loop lagged more than this "
+        "(its p99 on any seed of the judged policies, emulated ms); by default the worst "
+        "lag is only shown",
+    )
     qb.add_argument("--json", help="also write the table as JSON here")
     qb.add_argument("--plot", type=Path, help="also draw the intervals, as PNG, here")
     qb.set_defaults(func=lambda a: _qos_bar(a))
@@ -894,7 +902,7 @@ def _qos_bar(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_bar import NotJudged, main
 
     try:
-        main(a.run, a.agent, a.baseline, a.json, a.plot)
+        main(a.run, a.agent, a.baseline, a.json, a.plot, a.max_loop_lag_ms)
     except NotJudged as exc:
         raise SystemExit(f"edgeroute bench qos-bar: {exc}") from None
 

@@ -7,6 +7,11 @@ verdict is taken twice: over the environment seeds, with an agent's training run
 averaged on each (the intervals `bench qos` prints), and counting the training runs
 as well (`stats.crossed_interval`), which says whether training the agents again would
 keep it. A live run measures one training run per seed, so it has the first only.
+
+A live run's figures are also the harness's: when the event loop that runs the
+emulated engines falls behind, every policy's requests wait on it and the run measures
+the machine, not the routing. Its verdict therefore carries the worst lag the run saw,
+and a bound on it (`max_loop_lag_ms`) refuses to judge a run that went over.
 """
 
 from __future__ import annotations
@@ -25,32 +30,48 @@ Interval = tuple[float, float]
 
 
 class NotJudged(ValueError):
-    """An agent or baseline the run does not have."""
+    """An agent or baseline the run does not have, or a live run whose harness lagged
+    past the bound."""
 
 
 @dataclass(frozen=True)
 class Judged:
     """One setting judged one way: the agent's interval, the best baseline (by its mean)
-    and its interval, and whether the agent is apart above every baseline."""
+    and its interval, whether the agent is apart above every baseline, and for a live
+    run the worst p99 of its event loop's lag (emulated ms) over the judged rows."""
 
     agent: Interval
     best: str
     best_ci: Interval
     apart: bool
+    loop_lag_ms: float | None = None
 
 
-def _judged(agent: Interval, contenders: dict[str, Interval]) -> Judged:
+def _judged(
+    agent: Interval, contenders: dict[str, Interval], loop_lag_ms: float | None = None
+) -> Judged:
     best = max(contenders, key=lambda k: contenders[k][0])
     apart = all(verdict(agent, ci) == "wins" for ci in contenders.values())
-    return Judged(agent, best, contenders[best], apart)
+    return Judged(agent, best, contenders[best], apart, loop_lag_ms)
+
+
+def _worst_loop_lag(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The highest per-seed p99 of the harness's loop lag among live `rows`; None when
+    no row has one (a simulated run)."""
+    lags = [lag for r in rows for lag in r.get("per_seed_loop_lag_ms") or () if lag is not None]
+    return max(lags) if lags else None
 
 
 def judged(
-    payload: dict[str, Any], agent: str, baselines: Sequence[str]
+    payload: dict[str, Any],
+    agent: str,
+    baselines: Sequence[str],
+    max_loop_lag_ms: float | None = None,
 ) -> dict[str, tuple[Judged, Judged | None]]:
     """Each setting judged over the seeds and, where the run kept each training run's
     figures, counting the runs (else None). Raises NotJudged for a name the run does
-    not have at some setting."""
+    not have at some setting, and for a live setting whose harness lagged past
+    `max_loop_lag_ms`."""
     # A live run marks no row an agent: there every policy but the named agents is a
     # heuristic.
     agents = set(payload["config"].get("models", {}))
@@ -66,9 +87,17 @@ def judged(
             if policy_name(r) in baselines
             or (policy_name(r) not in agents and not r.get("reference") and not r.get("agent"))
         ]
+        lag = _worst_loop_lag([named[agent], *contenders])
+        if max_loop_lag_ms is not None and lag is not None and lag > max_loop_lag_ms:
+            raise NotJudged(
+                f"the harness lagged at {setting}: its event loop's lag p99 reached "
+                f"{lag:.0f} ms, above the bound of {max_loop_lag_ms:g} ms; the run measured "
+                "the machine more than the policies (try a lower --speedup)"
+            )
         by_seed = _judged(
             interval(named[agent]["per_seed_qos"]),
             {policy_name(r): interval(r["per_seed_qos"]) for r in contenders},
+            lag,
         )
         by_run = None
         if all("per_run_qos" in r for r in (named[agent], *contenders)):
@@ -84,10 +113,16 @@ def _shown(ci: Interval) -> str:
     return f"{ci[0]:.3f} ± {ci[1]:.3f}"
 
 
-def bar_rows(payload: dict[str, Any], agent: str, baselines: Sequence[str]) -> list[dict[str, Any]]:
+def bar_rows(
+    payload: dict[str, Any],
+    agent: str,
+    baselines: Sequence[str],
+    max_loop_lag_ms: float | None = None,
+) -> list[dict[str, Any]]:
     """`judged` as table rows: the agent's interval, the best baseline's and whether the
-    agent is apart above every baseline, over the seeds and counting the runs."""
-    return _rows(judged(payload, agent, baselines))
+    agent is apart above every baseline, over the seeds and counting the runs, and a
+    live run's worst loop lag."""
+    return _rows(judged(payload, agent, baselines, max_loop_lag_ms))
 
 
 def _rows(verdicts: dict[str, tuple[Judged, Judged | None]]) -> list[dict[str, Any]]:
@@ -99,6 +134,8 @@ def _rows(verdicts: dict[str, tuple[Judged, Judged | None]]) -> list[dict[str, A
             "best baseline": f"{by_seed.best} {_shown(by_seed.best_ci)}",
             "apart": "yes" if by_seed.apart else "no",
         }
+        if by_seed.loop_lag_ms is not None:
+            row["worst loop lag p99 (ms)"] = round(by_seed.loop_lag_ms, 1)
         if by_run is not None:
             row |= {
                 "agent, counting runs": _shown(by_run.agent),
@@ -154,6 +191,7 @@ COLUMNS = [
     "agent, counting runs",
     "best baseline, counting runs",
     "apart, counting runs",
+    "worst loop lag p99 (ms)",
 ]
 
 
@@ -163,9 +201,10 @@ def main(
     baselines: Sequence[str],
     json_path: str | None,
     plot_path: Path | None = None,
+    max_loop_lag_ms: float | None = None,
 ) -> None:
     payload = json.loads(file.read_text())
-    verdicts = judged(payload, agent, baselines)
+    verdicts = judged(payload, agent, baselines, max_loop_lag_ms)
     rows = _rows(verdicts)
     if plot_path is not None:
         plot(verdicts, agent, plot_path)

@@ -1,6 +1,7 @@
 """Issue 17's bar from a QoS run's results file: the committed sweep and live run give
 the verdicts docs/research.md took from them, counting the training runs takes the
-one simulated win away, and names the run lacks are refused."""
+one simulated win away, names the run lacks are refused, and a live run whose harness
+lagged is refused under a bound on the lag."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ SWEEP = (
 BASELINES = ["tp5-dsa", "tp5-baseline", "last5-dsa-sp", "last5-baseline-sp"]
 # (106): live at L = 25 ms, 10 seeds.
 LIVE_RUN = "qos_live_routerdc_L-25ms_seed-3511_tp5-full_tp5-dsa_last5-dsa-sp"
+# (161)'s first run, on a machine too slow for the harness's speed: no measurement.
+LAGGED_RUN = "qos_live_routerdc_rate-8_seed-3671_dg5-full_dg5-dsa_dg5-baseline"
 
 
 def load(name: str) -> dict[str, Any]:
@@ -59,6 +62,21 @@ def test_a_live_run_is_judged_over_its_seeds_only() -> None:
     assert row["setting"] == "live"
     assert row["apart"] == "yes"
     assert "apart, counting runs" not in row
+    # dsa's worst seed (research.md, (106)); a simulated run has no lag to show
+    assert row["worst loop lag p99 (ms)"] == 43.8
+    assert all("worst loop lag p99 (ms)" not in r for r in bar_rows(load(SWEEP), "tp5-full", []))
+
+
+def test_a_live_run_under_the_lag_bound_is_judged_and_one_over_it_is_refused() -> None:
+    (row,) = bar_rows(load(LIVE_RUN), "tp5-full", ["tp5-dsa"], max_loop_lag_ms=60)
+    assert row["apart"] == "yes"
+    with pytest.raises(NotJudged, match=r"the harness lagged at live: .* reached 44 ms, above"):
+        bar_rows(load(LIVE_RUN), "tp5-full", ["tp5-dsa"], max_loop_lag_ms=40)
+    # BR's worst seed: 881 ms (research.md, (161)); judged without a bound, it shows
+    (row,) = bar_rows(load(LAGGED_RUN), "dg5-full", ["dg5-dsa", "dg5-baseline"])
+    assert row["worst loop lag p99 (ms)"] == 880.9
+    with pytest.raises(NotJudged, match="reached 881 ms"):
+        bar_rows(load(LAGGED_RUN), "dg5-full", ["dg5-dsa"], max_loop_lag_ms=60)
 
 
 def test_a_name_the_run_lacks_is_refused_with_the_names_it_has() -> None:
@@ -86,3 +104,8 @@ def test_the_command_prints_the_counts_and_writes_the_table_and_plot(tmp_path: P
     missing = command(*args, "--baseline", "nobody")
     assert missing.returncode != 0
     assert "edgeroute bench qos-bar: no policy 'nobody'" in missing.stderr
+    lagged = command(
+        str(RESULTS / f"{LAGGED_RUN}.json"), "--agent", "dg5-full", "--max-loop-lag-ms", "60"
+    )
+    assert lagged.returncode != 0
+    assert "edgeroute bench qos-bar: the harness lagged at live" in lagged.stderr
