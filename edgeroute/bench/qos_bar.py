@@ -56,10 +56,9 @@ def _judged(
 
 
 def _worst_loop_lag(rows: Sequence[dict[str, Any]]) -> float | None:
-    """The highest per-seed p99 of the harness's loop lag among live `rows`; None when
-    no row has one (a simulated run)."""
-    lags = [lag for r in rows for lag in r.get("per_seed_loop_lag_ms") or () if lag is not None]
-    return max(lags) if lags else None
+    """The highest of the live `rows`' `worst_loop_lag_ms` (each row's worst seed, as
+    `bench qos --live` wrote it); None for a simulated run, whose rows have none."""
+    return max((r["worst_loop_lag_ms"] for r in rows if "worst_loop_lag_ms" in r), default=None)
 
 
 def judged(
