@@ -344,7 +344,23 @@ COLUMNS = [
     "worst_loop_lag_ms",
     "worst_send_late_ms",
     "prefill_skipped",
+    "by_run_qos",
 ]
+
+
+def served_run(k: int, runs: int) -> int:
+    """The training run (of `runs`) that serves the `k`-th seed of a live run."""
+    return k % runs
+
+
+def by_run(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Mean QoS per training run over the seeds each served, in run order: what each
+    of an agent's runs (or students) did live. Empty for a policy without runs."""
+    served: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("run") is not None:
+            served.setdefault(r["run"], []).append(r["qos"])
+    return {run: statistics.fmean(q) for run, q in sorted(served.items())}
 
 
 def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, Any]]:
@@ -373,6 +389,7 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
                 "worst_send_late_ms": max(r.get("send_late_ms") or 0.0 for r in mine),
                 "prefill_skipped": _share(r.get("prefill_skipped") for r in mine),
+                "by_run_qos": ", ".join(f"{q:.3f}" for q in by_run(mine).values()),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
                 "per_seed_met_share": [r["met_share"] for r in mine],
@@ -380,6 +397,7 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "per_seed_loop_lag_ms": [r["loop_lag_ms"] for r in mine],
                 "per_seed_send_late_ms": [r.get("send_late_ms") for r in mine],
                 "per_seed_prefill_skipped": [r.get("prefill_skipped") for r in mine],
+                "per_seed_run": [r.get("run") for r in mine],
             }
         )
     learned = [r for r in summary if r["policy"] in agents]
@@ -485,6 +503,7 @@ def main(run: LivePlan, json_path: str | None) -> None:
     rows: list[dict[str, Any]] = []
     for k, one_seed in enumerate(c["seeds"]):
         tasks, gaps = live_stream(pool, one_seed, requests, rate)
+        served = {name: served_run(k, len(runs)) for name, runs in run.models.items()}
         prompts = [t.prompt for t in tasks]
         specs: dict[str, dict[str, Any]] = {
             "RR": {"policy": "round_robin"},
@@ -492,7 +511,7 @@ def main(run: LivePlan, json_path: str | None) -> None:
             "BR": best_predicted(quality),  # load aside
         }
         for name, runs in run.models.items():
-            spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[k % len(runs)])}
+            spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[served[name]])}
             if name in run.serving:
                 spec["params"] = dict(run.serving[name])
             specs[name] = gateway_clock(spec, latency_ms / 1000, speedup)
@@ -511,7 +530,7 @@ def main(run: LivePlan, json_path: str | None) -> None:
                     engines,
                 )
             )
-            rows.append({"seed": one_seed, "policy": name, **r})
+            rows.append({"seed": one_seed, "policy": name, "run": served.get(name), **r})
             print(
                 f"  seed {one_seed} {name:<10} QoS {r['qos']:.3f}  met L {r['met_share']:.1%}  "
                 f"drops {r['drop_rate']:.1%}  busiest {r['busiest_share'] or 0:.0%}  "
@@ -545,7 +564,9 @@ def main(run: LivePlan, json_path: str | None) -> None:
             "[latency per token <= L], latency measured by the client; a shed request "
             "scores 0, and so does one whose connection failed (`errors`). `met_share`: requests answered within L. `minus_least_load`: the "
             "QoS difference from least-load, paired by seed. Intervals are over the "
-            "seeds; seed k is served by an agent's training run k (modulo its runs). "
+            "seeds; seed k is served by an agent's training run k (modulo its runs); "
+            "`by_run_qos`: an agent's mean QoS over the seeds each of its runs served, "
+            "in run order. "
             "`busiest_share`: the share of answers from the engine that gave most, "
             "averaged over seeds; `worst_loop_lag_ms`: the highest over seeds of the p99 "
             "of how late the engines' event loop woke (emulated ms): a run where it is "

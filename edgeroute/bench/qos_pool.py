@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos_live import COLUMNS, summarise
+from edgeroute.bench.qos_live import COLUMNS, served_run, summarise
 from edgeroute.results_io import write
 from workers.profiles import EXPERTS
 
@@ -52,8 +52,14 @@ def _setting(config: dict[str, Any]) -> dict[str, Any]:
 def _per_seed(config: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
     """A summary row back to the per-seed rows `summarise` takes. Latency and errors are
     kept only as a run's mean and total, so each seed carries the run's mean latency
-    and the first seed its errors: the pooled mean and total come out exact."""
+    and the first seed its errors: the pooled mean and total come out exact. Each seed
+    keeps the training run that served it, as recorded or, for runs recorded before
+    that, as `qos_live.served_run` assigns it."""
     seeds = config["seeds"]
+    runs = len(config["models"].get(row["policy"], []))
+    recorded = row.get("per_seed_run") or [
+        served_run(k, runs) if runs else None for k in range(len(seeds))
+    ]
     return [
         {
             "seed": seed,
@@ -68,6 +74,7 @@ def _per_seed(config: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any
             "latency_ms": row["latency_ms"],
             "requests": row["requests"] // len(seeds),
             "errors": row["errors"] if k == 0 else 0,
+            "run": recorded[k],
         }
         for k, seed in enumerate(seeds)
     ]

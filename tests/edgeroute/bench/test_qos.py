@@ -602,17 +602,26 @@ def test_a_live_summary_pairs_each_policy_by_seed_with_least_load_and_the_agents
     rows = [
         run(1, "least_load", 0.2),
         run(2, "least_load", 0.3),
-        run(1, "full", 0.4),
-        run(2, "full", 0.25),
-        run(1, "dsa", 0.1),
-        run(2, "dsa", 0.2),
+        run(3, "least_load", 0.3),
+        {**run(1, "full", 0.4), "run": 0},
+        {**run(2, "full", 0.25), "run": 1},
+        {**run(3, "full", 0.3), "run": 0},
+        {**run(1, "dsa", 0.1), "run": 0},
+        {**run(2, "dsa", 0.2), "run": 0},
+        {**run(3, "dsa", 0.2), "run": 0},
     ]
     summary = {r["policy"]: r for r in summarise(rows, ["full", "dsa"])}
     assert summary["least_load"]["minus_least_load"] == ""
-    assert summary["full"]["minus_least_load"].endswith("(above on 1 of 2)")
-    assert summary["full"]["paired_minus_agents"] == "dsa: 0.175 ± 1.6 (above on 2 of 2)"
+    assert summary["full"]["minus_least_load"].endswith("(above on 1 of 3)")
+    assert summary["full"]["paired_minus_agents"].endswith("(above on 3 of 3)")
     assert "paired_minus_agents" not in summary["dsa"]
-    assert summary["full"]["per_seed_qos"] == [0.4, 0.25]
+    assert summary["full"]["per_seed_qos"] == [0.4, 0.25, 0.3]
+    # each training run read on the seeds it served
+    assert summary["full"]["per_seed_run"] == [0, 1, 0]
+    assert summary["full"]["by_run_qos"] == "0.350, 0.250"
+    assert summary["dsa"]["by_run_qos"] == "0.167"
+    assert summary["least_load"]["by_run_qos"] == ""
+    assert summary["least_load"]["per_seed_run"] == [None, None, None]
 
 
 def test_an_episode_pauses_the_collector_and_collects_its_cycles_after() -> None:

@@ -78,6 +78,38 @@ def test_the_default_runs_pool_to_the_verdict_taken_by_hand(runs: list[dict[str,
     )
 
 
+def test_each_student_is_read_on_the_seeds_it_served_in_its_own_run() -> None:
+    """(166)'s 10 seeds and (167)'s 20 were each served by the students in turn from
+    their own first seed, so the pooled 30 are not in turn: seed 11 of the pool was the
+    first student's. Pooled, each student keeps its seeds (docs/research.md, "What
+    (167) showed": the full agent's students 0.219, 0.237, 0.224 on the 20 alone)."""
+    first = load("qos_live_routerdc_L-25ms_x5_seed-3731_dg5-full_dg5-dsa_dg5-baseline")
+    second = load("qos_live_routerdc_L-25ms_x5_seed-3741_dg5-full_dg5-dsa_dg5-baseline")
+    alone = by_policy(second["results"])["dg5-full"]["per_seed_qos"]
+    assert [round(sum(alone[k::3]) / len(alone[k::3]), 3) for k in range(3)] == [
+        0.219,
+        0.237,
+        0.224,
+    ]
+    _, summary = pool([first, second])
+    full = by_policy(summary)["dg5-full"]
+    assert full["per_seed_run"] == [k % 3 for k in range(10)] + [k % 3 for k in range(20)]
+    each = [
+        [
+            q
+            for run in (first, second)
+            for q in by_policy(run["results"])["dg5-full"]["per_seed_qos"][k::3]
+        ]
+        for k in range(3)
+    ]
+    assert full["by_run_qos"] == ", ".join(f"{sum(q) / len(q):.3f}" for q in each)
+    in_turn = full["per_seed_qos"]
+    assert full["by_run_qos"] != ", ".join(
+        f"{sum(in_turn[k::3]) / len(in_turn[k::3]):.3f}" for k in range(3)
+    )
+    assert by_policy(summary)["RR"]["by_run_qos"] == ""
+
+
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
