@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos import Physics, Sweep, heuristics, recorded_serving, refuse_other_serving
-from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream
+from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream, served_run
 from edgeroute.qos.evaluate import Policy, evaluate, served
 from edgeroute.results_io import Plot, write
 from edgeroute.sim.edge import Arrival, Quality, Task
@@ -165,7 +165,7 @@ class Replay:
             draws = []
             for stream in self.lateness.streams(tasks, gaps, seed):
                 env = self.sweep.env(0, c["engines"], c["rate"], c["latency_ms"], stream=stream)
-                draws.append(evaluate(env, runs[k % len(runs)], [seed]).qos)
+                draws.append(evaluate(env, runs[served_run(k, len(runs))], [seed]).qos)
                 prompt += sum(e.prompt_total for e in env.experts)
                 cached += sum(e.skipped_total for e in env.experts)
             sim.append(statistics.fmean(draws))
