@@ -54,7 +54,9 @@ def demo() -> Iterator[tuple[int, dict[str, str]]]:
     exported = dict(re.findall(r"^export (\w+)=(\S+)$", quickstart, re.M))
     assert "EDGEROUTE_ADMIN_TOKEN" in exported, "the quickstart exports the admin token"
     env = {**os.environ, **exported}
-    port, workers = free_ports(1)[0], free_run(WORKERS)
+    # one run for the gateway and its workers: two draws could hand out one port twice
+    port = free_run(WORKERS + 1)
+    workers = port + 1
     args = ["--port", str(port), "--worker-port", str(workers), "--workers", str(WORKERS)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeroute.cli", "demo", *args],
