@@ -88,9 +88,8 @@ def loopback_socket() -> socket.socket:
 
 def closed_port() -> int:
     """A loopback port that nothing listens on, for the whole test. A `free_ports` port that
-    is left unbound is in the ephemeral range: a later bind may take it, or an outgoing
-    connection may get it as its local port, and a loopback connection from a port to
-    itself succeeds. Below 1024 neither happens to an unprivileged test."""
+    is left unbound may be handed to another test's server, and a loopback connection from
+    a port to itself succeeds. Below 1024 neither happens to an unprivileged test."""
     for port in range(1, 1024):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED:

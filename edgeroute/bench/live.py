@@ -54,7 +54,7 @@ import yaml
 from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds, until
 from edgeroute.bench.operator import operate
-from edgeroute.bench.overhead import wait_ready
+from edgeroute.bench.overhead import ServerExited, wait_ready
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from edgeroute.stats import interval
@@ -178,14 +178,25 @@ class Result:
     score: float = math.nan  # the worker's emulated quality score, when it has one
 
 
-def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **OFFLINE, **(env or {})},
-        start_new_session=True,
-    )
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`cmd` in a session of its own, its output to `log` (read back if it fails)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            env={**os.environ, **OFFLINE},
+            start_new_session=True,
+        )
+
+
+def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until `url` answers; a server that exits first fails with its last words."""
+    try:
+        wait_ready(url, 60.0, proc)
+    except ServerExited as exc:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        raise ServerExited(f"{exc}: " + " | ".join(tail)) from None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -203,14 +214,15 @@ def workers(kind: Pool, speedup: float, data_dir: Path | None, seed: int) -> Ite
     """Fresh workers, one process each; yields their URLs."""
     ports = free_ports(len(kind.members))
     with tempfile.TemporaryDirectory() as tmp:
+        logs = [Path(tmp) / f"worker-{i}.log" for i in range(len(ports))]
         procs = [
-            _spawn(kind.worker_command(i, port, speedup, Path(tmp), data_dir, seed))
-            for i, port in enumerate(ports)
+            _spawn(kind.worker_command(i, port, speedup, Path(tmp), data_dir, seed), log)
+            for (i, port), log in zip(enumerate(ports), logs, strict=True)
         ]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         try:
-            for url, proc in zip(urls, procs, strict=True):
-                wait_ready(url + "/health", 60.0, proc)
+            for url, proc, log in zip(urls, procs, logs, strict=True):
+                _ready(url + "/health", proc, log)
             yield urls
         finally:
             for proc in procs:
@@ -282,11 +294,12 @@ def running(router: Router, kind: Pool, urls: list[str]) -> Iterator[tuple[str, 
     """The router in front of `urls`; yields its URL and process id."""
     port = free_ports(1)[0]
     with tempfile.TemporaryDirectory() as tmp:
-        proc = _spawn(router_command(router, kind, urls, port, Path(tmp)))
+        log = Path(tmp) / "router.log"
+        proc = _spawn(router_command(router, kind, urls, port, Path(tmp)), log)
         url = f"http://127.0.0.1:{port}"
         try:
             health = "/readyz" if router.kind == "edgeroute" else "/health"
-            wait_ready(url + health, 60.0, proc)
+            _ready(url + health, proc, log)
             yield url, proc.pid
         finally:
             _stop(proc)

@@ -225,3 +225,23 @@ def test_a_time_scaled_run_gives_qos_drl_its_target_in_the_gateways_clock() -> N
     assert spec == {"policy": "qos_drl", "model": "m", "latency_ms": pytest.approx(3.0)}
     other = {"policy": "least_load"}
     assert gateway_clock(other, 0.030, 10.0) is other
+
+
+def test_a_router_that_cannot_start_fails_the_run_with_its_own_last_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hostile twin of a router's start-up: its port is someone else's. The run ends
+    with the gateway's exit and why (CI once saw only "exited with 3", nothing of why)."""
+    import socket
+
+    from edgeroute.bench import live
+    from edgeroute.bench.overhead import ServerExited
+
+    pool = POOLS["mixed"]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        monkeypatch.setattr(live, "free_ports", lambda n: [taken.getsockname()[1]] * n)
+        with (
+            pytest.raises(ServerExited, match=r"exited with 2: .*cannot listen on .*Address already in use"),
+            live.running(ROUTERS["round_robin"], pool, ["http://127.0.0.1:9"] * len(pool.members)),
+        ):
+            pass
