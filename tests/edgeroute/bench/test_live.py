@@ -241,7 +241,9 @@ def test_a_router_that_cannot_start_fails_the_run_with_its_own_last_words(
     with socket.create_server(("127.0.0.1", 0)) as taken:
         monkeypatch.setattr(live, "free_ports", lambda n: [taken.getsockname()[1]] * n)
         with (
-            pytest.raises(ServerExited, match=r"exited with 2: .*cannot listen on .*Address already in use"),
+            pytest.raises(
+                ServerExited, match=r"exited with 2: .*cannot listen on .*Address already in use"
+            ),
             live.running(ROUTERS["round_robin"], pool, ["http://127.0.0.1:9"] * len(pool.members)),
         ):
             pass
