@@ -78,8 +78,7 @@ def write_trace(path: Path, requests: int) -> Path:
 def loopback_socket() -> socket.socket:
     """A socket bound to a free loopback port, to serve on. A server that must know its
     port before it starts (a worker's config names it) takes it from here: between a
-    `free_ports` and its bind, another test's connection may take the port as its own
-    local end."""
+    `free_ports` and its bind, another test's server may draw and take the same port."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -179,7 +179,7 @@ class Result:
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """`cmd` in a session of its own, its output to `log` (read back if it fails)."""
+    """`cmd` in a session of its own, its stderr to `log` (read back if it fails)."""
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd,

@@ -191,8 +191,8 @@ async def started_gateway(
 ) -> Gateway:
     """`overhead.start_gateway` on `port`, or, if the gateway exits before it is ready,
     on another free port, up to `attempts` times. A port found free can be taken by
-    another socket before the gateway binds it (an outgoing connection's, in a run of
-    thousands), and one lost start-up must not end a run of hours."""
+    another socket before the gateway binds it (another process's server drawn the
+    same), and one lost start-up must not end a run of hours."""
     for _ in range(attempts - 1):
         try:
             process = await asyncio.to_thread(start_gateway, port, backends, target, **settings)
