@@ -342,6 +342,29 @@ def cmd_qos_distill(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_qos_select(args: argparse.Namespace) -> None:
+    from edgeroute.qos.config import SelectConfig
+    from edgeroute.qos.select import select
+
+    try:
+        sc = SelectConfig(
+            episodes=args.episodes,
+            keep=args.keep,
+            first_hardware=args.first_hardware,
+            seed=args.seed,
+        )
+        data = Path(args.data_dir) if args.data_dir else default_data_dir()
+        record = select([Path(p) for p in args.candidates], data, sc)
+    except ValueError as exc:
+        raise SystemExit(f"edgeroute train qos-select: {exc}") from None
+    worst = record["worst_shortfall"]
+    for name in sorted(worst, key=lambda n: -worst[n]):
+        mark = "picked" if name in record["picked"] else ""
+        print(f"  {worst[name]:+.3f}  {name}  {mark}")
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{args.out}: the scores; picked {', '.join(record['picked'])}")
+
+
 def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
     from edgeroute.qos.rebuild import adopt, compare, run_pairs
 
@@ -532,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="the paper's agent, its DSA ablation, or the baseline RL",
     )
-    from edgeroute.qos.config import KEEP, QUALITIES, DistillConfig, TrainConfig
+    from edgeroute.qos.config import KEEP, QUALITIES, DistillConfig, SelectConfig, TrainConfig
 
     t = TrainConfig()
     q.add_argument(
@@ -772,6 +795,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _data_dir_option(qd)
     qd.set_defaults(func=cmd_qos_distill)
+
+    qs = which.add_parser(
+        "qos-select",
+        help="which of one config's actors to serve: each scored at every sweep point in "
+        "its training worlds, the ones whose worst point is closest to the best kept",
+        formatter_class=DefaultsHelp,
+    )
+    ds = SelectConfig()
+    qs.add_argument("candidates", nargs="+", help="the actors' folders (each with its record)")
+    qs.add_argument("--out", required=True, help="the JSON file for the scores and the picks")
+    qs.add_argument("--keep", type=int, default=ds.keep, help="how many to pick")
+    qs.add_argument("--episodes", type=int, default=ds.episodes, help="episodes per point")
+    qs.add_argument(
+        "--first-hardware",
+        type=int,
+        default=ds.first_hardware,
+        help="the first training hardware seed scored on",
+    )
+    qs.add_argument("--seed", type=int, default=ds.seed, help="the episodes' arrivals and prompts")
+    _data_dir_option(qs)
+    qs.set_defaults(func=cmd_qos_select)
 
     qr = which.add_parser(
         "qos-rebuilt",

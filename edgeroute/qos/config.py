@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from edgeroute.sim.edge import HINDSIGHT, Fleet, Quality, check_range
+from edgeroute.sim.edge import HINDSIGHT, TRAIN_HARDWARE, Fleet, Quality, check_range
 from policies.predictor import MODEL_ROOT
 
 # The quality data a QoS router is trained and measured on (`edgeroute.sim.edge.Quality`):
@@ -310,6 +310,29 @@ class TrainConfig:
             load=self.arrival_rate,
             critic_load=self.critic_arrival_rate,
         )
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """`edgeroute train qos-select`'s settings (`edgeroute.qos.select`)."""
+
+    episodes: int = 8  # per point, each on its own training hardware
+    keep: int = 3
+    # Training hardware seeds from here on: inside TRAIN_HARDWARE, past the ones
+    # `train.eval_score` chose checkpoints on (1, 2, ...).
+    first_hardware: int = 5001
+    seed: int = 0  # the episodes' arrivals and prompts
+    episode_len: int = 512
+
+    def __post_init__(self) -> None:
+        last = self.first_hardware + self.episodes - 1
+        if self.first_hardware < 100 or last not in TRAIN_HARDWARE:
+            raise ValueError(
+                f"hardware seeds {self.first_hardware}-{last} must be training hardware "
+                f"past the checkpoints' evaluation (100-{TRAIN_HARDWARE.stop - 1})"
+            )
+        if self.keep < 1 or self.episodes < 1:
+            raise ValueError("keep at least one candidate, score at least one episode a point")
 
 
 @dataclass(frozen=True)

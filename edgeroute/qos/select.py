@@ -1,0 +1,163 @@
+"""Which of a reward's actors to serve, picked in its training worlds.
+
+A reward's training runs (and the students distilled from them) differ, and live the
+weakest one served decides most verdicts: it herds, or falls behind at one load, and
+its seeds widen the reward's interval (docs/research.md, "Picking the served actors in
+the training worlds"). Picking the served actors by their evaluation on the live
+engines would be picking on the test. This picks them where they trained: training
+hardware (seeds no checkpoint was chosen on), the agent's share of the prompts and the
+predictor it trained with, at every point of the paper's sweep (N, lambda, L), several
+episodes each on the same worlds for every candidate.
+
+The criterion is the worst point: a candidate's shortfall at a point is its mean QoS
+there minus the best candidate's, and its score is its largest shortfall over the
+points; the `keep` candidates whose worst point is closest to the best are served.
+A run that is fine on average but weak at one load is what this drops.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeroute.qos.config import (
+    DEFAULT_LATENCY_MS,
+    DEFAULT_RATE,
+    SWEEP_LATENCIES_MS,
+    SWEEP_RATES,
+    SelectConfig,
+    TrainConfig,
+    read_record,
+)
+from edgeroute.qos.evaluate import evaluate
+from edgeroute.sim.edge import QUALITY_MODELS, default_experts, load_tasks
+
+# What candidates of one selection may differ in besides their weights: their seed,
+# where and how they were kept.
+MAY_DIFFER = frozenset({"seed", "out", "keep"})
+
+
+@dataclass(frozen=True)
+class Point:
+    """One setting of the paper's sweep: experts, arrival rate (per s), target (ms)."""
+
+    label: str
+    n: int = 6
+    rate: float = DEFAULT_RATE
+    latency_ms: float = DEFAULT_LATENCY_MS
+
+
+POINTS: tuple[Point, ...] = (
+    Point("default"),
+    *(Point(f"N={n}", n=n) for n in (3, 9, 12)),
+    *(Point(f"lambda={r:g}", rate=r) for r in SWEEP_RATES),
+    *(Point(f"L={lat:g}ms", latency_ms=lat) for lat in SWEEP_LATENCIES_MS),
+)
+
+
+def shortfalls(scores: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each candidate's worst point: the least, over the points, of its score minus
+    the best candidate's there (0 for a candidate best everywhere)."""
+    points = next(iter(scores.values())).keys()
+    best = {p: max(s[p] for s in scores.values()) for p in points}
+    return {name: min(s[p] - best[p] for p in points) for name, s in scores.items()}
+
+
+def picked(scores: Mapping[str, Mapping[str, float]], keep: int) -> list[str]:
+    """The `keep` candidates with the smallest worst shortfall (ties: the higher mean
+    over the points, then the name)."""
+    worst = shortfalls(scores)
+    ranked = sorted(scores, key=lambda n: (-worst[n], -statistics.fmean(scores[n].values()), n))
+    return ranked[:keep]
+
+
+def shared_config(candidates: Sequence[Path]) -> TrainConfig:
+    """The training config the candidates share (all but `MAY_DIFFER`): the world
+    they are scored in. Refuses candidates trained otherwise."""
+    # read through TrainConfig, so that an older record's missing keys are defaults
+    configs = [asdict(TrainConfig.from_record(read_record(c)["config"])) for c in candidates]
+    first = {k: v for k, v in configs[0].items() if k not in MAY_DIFFER}
+    for path, config in zip(candidates, configs, strict=True):
+        mine = {k: v for k, v in config.items() if k not in MAY_DIFFER}
+        if mine != first:
+            differ = sorted(k for k in first if first[k] != mine[k])
+            raise ValueError(f"{path} was trained otherwise than {candidates[0]}: {differ}")
+    return TrainConfig.from_record(read_record(candidates[0])["config"])
+
+
+def scored(
+    candidates: Sequence[Path],
+    data_dir: Path,
+    sc: SelectConfig,
+    points: Sequence[Point] = POINTS,
+    progress: Callable[[str], None] = print,
+) -> dict[str, dict[str, float]]:
+    """Each candidate's mean QoS at each point, over `sc.episodes` episodes on the same
+    training hardware and arrivals for every candidate."""
+    from edgeroute.qos.distill import OnnxActor
+    from edgeroute.qos.train import make_env, training_predictor
+
+    cfg = shared_config(candidates)
+    env = make_env(
+        cfg,
+        data_dir,
+        episode_len=sc.episode_len,
+        predictor=training_predictor(cfg),
+        tasks=load_tasks(data_dir, split="agent", quality=cfg.quality),
+    )
+    models = QUALITY_MODELS[cfg.quality]
+    out: dict[str, dict[str, float]] = {}
+    for c in candidates:
+        policy = OnnxActor(c / "actor.onnx").policy()
+        mine: dict[str, float] = {}
+        for p in points:
+            qos = []
+            for e in range(sc.episodes):
+                hardware = sc.first_hardware + e
+                env.reset(
+                    experts=default_experts(p.n, seed=hardware, models=models, fleet=cfg.fleet),
+                    rate=p.rate,
+                    latency_req=p.latency_ms / 1000,
+                )
+                qos.append(evaluate(env, policy, [sc.seed * 10_000 + e]).qos)
+            mine[p.label] = statistics.fmean(qos)
+        out[str(c)] = mine
+        progress(
+            f"{c.name}: mean {statistics.fmean(mine.values()):.3f}, lowest point "
+            + min(mine, key=mine.__getitem__)
+        )
+    return out
+
+
+def select(
+    candidates: Sequence[Path],
+    data_dir: Path,
+    sc: SelectConfig,
+    points: Sequence[Point] = POINTS,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The candidates' scores, worst shortfalls and the `sc.keep` picked, as a record."""
+    if len(candidates) < sc.keep:
+        raise ValueError(f"{len(candidates)} candidates, {sc.keep} to keep")
+    scores = scored(candidates, data_dir, sc, points, progress)
+    return {
+        "select": asdict(sc),
+        "points": [asdict(p) for p in points],
+        "scores": scores,
+        "worst_shortfall": shortfalls(scores),
+        "picked": picked(scores, sc.keep),
+    }
+
+
+__all__ = [
+    "POINTS",
+    "Point",
+    "picked",
+    "scored",
+    "select",
+    "shared_config",
+    "shortfalls",
+]
