@@ -36,8 +36,9 @@ from edgeroute.qos.evaluate import evaluate
 from edgeroute.sim.edge import QUALITY_MODELS, default_experts, load_tasks
 
 # What candidates of one selection may differ in besides their weights: their seed,
-# where and how they were kept.
-MAY_DIFFER = frozenset({"seed", "out", "keep"})
+# where and how they were kept, and how often their training evaluated them; none of
+# it changes the world they are scored in.
+MAY_DIFFER = frozenset({"seed", "out", "keep", "eval_every"})
 
 
 @dataclass(frozen=True)
