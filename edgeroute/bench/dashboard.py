@@ -327,7 +327,7 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
     gateway = f"http://127.0.0.1:{gw_port}"
     prom = f"http://127.0.0.1:{prom_port}"
     procs: list[Any] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workers = multiprocessing.get_context("spawn").Process(
             target=_serve_workers, args=(configs,), daemon=True
         )
@@ -339,25 +339,19 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
             (Path(tmp) / "gateway.yaml").write_text(
                 yaml.safe_dump(_gateway_config(backends, gw_port))
             )
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "edgeroute.cli",
-                        "serve",
-                        "--config",
-                        f"{tmp}/gateway.yaml",
-                    ],
-                    env={
-                        **os.environ,
-                        "EDGEROUTE_ADMIN_TOKEN": token,
-                        "EDGEROUTE_LOG_LEVEL": "WARNING",
-                    },
-                    stdout=subprocess.DEVNULL,
-                )
+            said = stack.enter_context(tempfile.TemporaryFile())  # quoted if it exits
+            gw = subprocess.Popen(
+                [sys.executable, "-m", "edgeroute.cli", "serve", "--config", f"{tmp}/gateway.yaml"],
+                env={
+                    **os.environ,
+                    "EDGEROUTE_ADMIN_TOKEN": token,
+                    "EDGEROUTE_LOG_LEVEL": "WARNING",
+                },
+                stdout=subprocess.DEVNULL,
+                stderr=said,
             )
-            wait_ready(gateway + "/readyz", 60.0)
+            procs.append(gw)
+            wait_ready(gateway + "/readyz", 60.0, gw, said)
             scrape = {
                 "global": {"scrape_interval": "1s"},
                 "scrape_configs": [
@@ -368,19 +362,19 @@ def main(quick: bool, seconds: float, json_path: str | None, data_dir: Path | No
                 ],
             }
             (Path(tmp) / "prometheus.yml").write_text(yaml.safe_dump(scrape))
-            procs.append(
-                subprocess.Popen(
-                    [
-                        prometheus,
-                        f"--config.file={tmp}/prometheus.yml",
-                        f"--storage.tsdb.path={tmp}/tsdb",
-                        f"--web.listen-address=127.0.0.1:{prom_port}",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            said = stack.enter_context(tempfile.TemporaryFile())
+            server = subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={tmp}/prometheus.yml",
+                    f"--storage.tsdb.path={tmp}/tsdb",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=said,
             )
-            wait_ready(prom + "/-/ready", 60.0)
+            procs.append(server)
+            wait_ready(prom + "/-/ready", 60.0, server, said)
             print(f"gateway {gateway}, Prometheus {prom}; {seconds:.0f} s of traffic", flush=True)
             start = time.time()
             fault_url = next(b["url"] for b in backends if b["id"] == "worker-2")

@@ -54,7 +54,7 @@ import yaml
 from edgeroute.bench.live_pools import ADMIN_TOKEN, MODEL, POOLS, Pool
 from edgeroute.bench.loadgen import cpu_seconds, until
 from edgeroute.bench.operator import operate
-from edgeroute.bench.overhead import ServerExited, wait_ready
+from edgeroute.bench.overhead import wait_ready
 from edgeroute.results_io import Plot, draw, output_dir, save_figure, write
 from edgeroute.sim.workload import TraceRequest, prompt_for, read_trace
 from edgeroute.stats import interval
@@ -192,11 +192,8 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     """Until `url` answers; a server that exits first fails with its last words."""
-    try:
-        wait_ready(url, 60.0, proc)
-    except ServerExited as exc:
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-        raise ServerExited(f"{exc}: " + " | ".join(tail)) from None
+    with log.open("rb") as said:
+        wait_ready(url, 60.0, proc, said)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

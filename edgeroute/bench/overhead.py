@@ -53,15 +53,27 @@ class ServerExited(RuntimeError):
     """A server process ended before it answered."""
 
 
+def last_words(said: IO[bytes], lines: int = 5) -> str:
+    """The last `lines` a process wrote to `said` (its stderr, a file), on one line."""
+    said.seek(0)
+    tail = said.read().decode(errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(tail) if tail else "it wrote nothing"
+
+
 def wait_ready(
-    url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+    url: str,
+    timeout: float = 30.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    said: IO[bytes] | None = None,
 ) -> None:
     """Until `url` answers 200; `proc`, when given, is the server, and its exit ends
-    the wait at once (`ServerExited`)."""
+    the wait at once (`ServerExited`), quoting the end of `said` (the file its stderr
+    goes to), when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise ServerExited(f"{proc.args!r} exited with {proc.returncode}")
+            why = "" if said is None else f": {last_words(said)}"
+            raise ServerExited(f"{proc.args!r} exited with {proc.returncode}{why}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -128,12 +140,7 @@ def start_gateway(
     with tempfile.TemporaryFile() as said:
         try:
             proc = spawn(["serve", "--config", name], GATEWAY_CPU, stderr=said)
-            wait_ready(f"http://127.0.0.1:{port}/readyz", proc=proc)  # an exit ends the wait
-        except ServerExited as exc:
-            said.seek(0)
-            lines = said.read().decode(errors="replace").strip().splitlines()
-            said_last = " / ".join(lines[-3:]) if lines else "it wrote nothing"
-            raise ServerExited(f"{exc}: {said_last}") from None
+            wait_ready(f"http://127.0.0.1:{port}/readyz", proc=proc, said=said)
         finally:
             os.unlink(name)  # read at start-up; later changes come through the store
     return proc

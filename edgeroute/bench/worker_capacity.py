@@ -13,11 +13,14 @@ largest C whose error stays within 5%.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from edgeroute.bench.loadgen import Conn, post
@@ -69,36 +72,34 @@ def predicted_itl(n: int) -> float:
     return statistics.fmean(t.mean_itl for t in replay(profile, seqs))
 
 
+@contextlib.contextmanager
+def emulated_worker(port: int) -> Iterator[None]:
+    """The worker under test on `port`, on CPU 0, ready; its stderr is quoted if it
+    exits before it is."""
+    args = ["worker", "--port", str(port), "--log-level", "WARNING"]
+    for key, value in (("base", BASE), ("k1", K1), ("k2", K2), ("max_batch", 4096)):
+        args += ["--set", f"{key}={value}"]
+    with tempfile.TemporaryFile() as said:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "edgeroute.cli", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=said,
+            preexec_fn=lambda: pin(0),
+        )
+        try:
+            wait_ready(f"http://127.0.0.1:{port}/health", proc=worker, said=said)
+            yield
+        finally:
+            worker.terminate()
+            worker.wait(10)
+
+
 def main(quick: bool, seed: int, json_path: str | None) -> None:
     levels = [16, 64, 256] if quick else [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024]
     port = 18650
     pin(1)
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgeroute.cli",
-            "worker",
-            "--port",
-            str(port),
-            "--log-level",
-            "WARNING",
-            "--set",
-            f"base={BASE}",
-            "--set",
-            f"k1={K1}",
-            "--set",
-            f"k2={K2}",
-            "--set",
-            "max_batch=4096",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: pin(0),
-    )
     rows: list[dict[str, Any]] = []
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/health")
+    with emulated_worker(port):
         asyncio.run(stream_itls(port, 4))  # warm-up
         for n in levels:
             itls = asyncio.run(stream_itls(port, n))
@@ -121,9 +122,6 @@ def main(quick: bool, seed: int, json_path: str | None) -> None:
             )
             if err > 3 * LIMIT:
                 break
-    finally:
-        worker.terminate()
-        worker.wait(10)
     ok = [r["streams"] for r in rows if r["within_5pct"]]
     capacity = max(ok) if ok else 0
     print(f"\ncapacity: {capacity} concurrent streams within {LIMIT:.0%} timing error")

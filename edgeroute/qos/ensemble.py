@@ -83,14 +83,16 @@ def ensemble_graph(actors: Sequence[Path]) -> bytes:
     return bytes(out.SerializeToString())
 
 
-def common_config(records: Mapping[Path, dict[str, Any]]) -> dict[str, Any]:
-    """The training config that runs' records (by run) share, all but MAY_DIFFER;
+def common_config(
+    records: Mapping[Path, dict[str, Any]], may_differ: frozenset[str] = MAY_DIFFER
+) -> dict[str, Any]:
+    """The training config that runs' records (by run) share, all but `may_differ`;
     ValueError if they were trained otherwise."""
     runs = list(records)
     configs = [records[r]["config"] for r in runs]
-    shared = {k: v for k, v in configs[0].items() if k not in MAY_DIFFER}
+    shared = {k: v for k, v in configs[0].items() if k not in may_differ}
     for run, config in zip(runs, configs, strict=True):
-        own = {k: v for k, v in config.items() if k not in MAY_DIFFER}
+        own = {k: v for k, v in config.items() if k not in may_differ}
         if own != shared:
             differ = sorted(k for k in own.keys() | shared.keys() if own.get(k) != shared.get(k))
             raise ValueError(f"{run} was trained otherwise than {runs[0]}: {', '.join(differ)}")

@@ -32,13 +32,16 @@ from edgeroute.qos.config import (
     TrainConfig,
     read_record,
 )
+from edgeroute.qos.distill import OnnxActor
+from edgeroute.qos.ensemble import MAY_DIFFER as ENSEMBLE_MAY_DIFFER
+from edgeroute.qos.ensemble import common_config
 from edgeroute.qos.evaluate import evaluate
+from edgeroute.qos.train import make_env, training_predictor
 from edgeroute.sim.edge import QUALITY_MODELS, default_experts, load_tasks
 
-# What candidates of one selection may differ in besides their weights: their seed,
-# where and how they were kept, and how often their training evaluated them; none of
-# it changes the world they are scored in.
-MAY_DIFFER = frozenset({"seed", "out", "keep", "eval_every"})
+# What candidates of one selection may differ in besides what an ensemble's members
+# may: how often their training evaluated them, which does not change their world.
+MAY_DIFFER = ENSEMBLE_MAY_DIFFER | {"eval_every"}
 
 
 @dataclass(frozen=True)
@@ -79,14 +82,9 @@ def shared_config(candidates: Sequence[Path]) -> TrainConfig:
     """The training config the candidates share (all but `MAY_DIFFER`): the world
     they are scored in. Refuses candidates trained otherwise."""
     # read through TrainConfig, so that an older record's missing keys are defaults
-    configs = [asdict(TrainConfig.from_record(read_record(c)["config"])) for c in candidates]
-    first = {k: v for k, v in configs[0].items() if k not in MAY_DIFFER}
-    for path, config in zip(candidates, configs, strict=True):
-        mine = {k: v for k, v in config.items() if k not in MAY_DIFFER}
-        if mine != first:
-            differ = sorted(k for k in first if first[k] != mine[k])
-            raise ValueError(f"{path} was trained otherwise than {candidates[0]}: {differ}")
-    return TrainConfig.from_record(read_record(candidates[0])["config"])
+    configs = {c: TrainConfig.from_record(read_record(c)["config"]) for c in candidates}
+    common_config({c: {"config": asdict(t)} for c, t in configs.items()}, MAY_DIFFER)
+    return configs[candidates[0]]
 
 
 def scored(
@@ -98,9 +96,6 @@ def scored(
 ) -> dict[str, dict[str, float]]:
     """Each candidate's mean QoS at each point, over `sc.episodes` episodes on the same
     training hardware and arrivals for every candidate."""
-    from edgeroute.qos.distill import OnnxActor
-    from edgeroute.qos.train import make_env, training_predictor
-
     cfg = shared_config(candidates)
     env = make_env(
         cfg,

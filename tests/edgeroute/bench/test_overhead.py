@@ -40,3 +40,45 @@ def test_a_gateway_that_cannot_start_says_why() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ServerExited, match=r"(?i)address already in use"):
             start_gateway(port, ["http://127.0.0.1:9"], "least_load")
+
+
+def exits_saying(code: int, *lines: str) -> list[str]:
+    """A server that never listens: it writes `lines` to stderr and exits with `code`."""
+    import sys
+
+    script = "import sys; sys.stderr.write(sys.argv[1]); sys.exit(int(sys.argv[2]))"
+    return [sys.executable, "-c", script, "".join(f"{x}\n" for x in lines), str(code)]
+
+
+def test_a_server_that_exits_before_it_answers_is_quoted_by_its_last_lines() -> None:
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    from edgeroute.bench.overhead import ServerExited, wait_ready
+
+    lines = [f"line {i}" for i in range(8)]
+    with tempfile.TemporaryFile() as said:
+        proc = subprocess.Popen(exits_saying(4, *lines), stderr=said)
+        with pytest.raises(ServerExited) as exc:
+            wait_ready("http://127.0.0.1:9/health", 60.0, proc, said)
+    assert str(exc.value).endswith("exited with 4: line 3 | line 4 | line 5 | line 6 | line 7")
+
+
+def test_a_server_that_exits_silently_is_said_to() -> None:
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    from edgeroute.bench.overhead import ServerExited, wait_ready
+
+    with tempfile.TemporaryFile() as said:
+        proc = subprocess.Popen(exits_saying(5), stderr=said)
+        with pytest.raises(ServerExited, match=r"exited with 5: it wrote nothing$"):
+            wait_ready("http://127.0.0.1:9/health", 60.0, proc, said)
+    # without the file, the exit alone
+    proc = subprocess.Popen(exits_saying(6, "unheard"), stderr=subprocess.DEVNULL)
+    with pytest.raises(ServerExited, match=r"exited with 6$"):
+        wait_ready("http://127.0.0.1:9/health", 60.0, proc)
