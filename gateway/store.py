@@ -166,7 +166,7 @@ class EmbeddedStore:
 
     def start(self, attempts: int = 3) -> None:
         """Start the server. A port found free can be taken by another socket before
-        the server binds it (another process's server drawn the same): then it starts
+        the server binds it (another process's server drawing the same): then it starts
         on another, up to `attempts` ports, rather than failing the gateway's start."""
         for _ in range(attempts - 1):
             try:

@@ -31,8 +31,7 @@ from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
     QUALITY_PROMPTS,
-    SWEEP_LATENCIES_MS,
-    SWEEP_RATES,
+    SWEEP_POINTS,
     Serving,
     best_predicted,
     quality_dir,
@@ -408,9 +407,10 @@ def main(
 
     settings: list[tuple[str, dict[str, Any]]] = [("default", {})]
     if not quick:
-        settings += [(f"N={n}", {"n": n}) for n in (3, 9, 12)]
-        settings += [(f"lambda={r:g}", {"rate": r}) for r in SWEEP_RATES]
-        settings += [(f"L={lat:g}ms", {"latency_ms": lat}) for lat in SWEEP_LATENCIES_MS]
+        settings += [
+            (p.label, {"n": p.n, "rate": p.rate, "latency_ms": p.latency_ms})
+            for p in SWEEP_POINTS[1:]
+        ]
         # a point of its own on the hardware that the sweep's other points are not on
         if hardware == "seed-0":
             settings.append(("held-out hardware", {"on": "held-out"}))

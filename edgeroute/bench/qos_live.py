@@ -191,7 +191,7 @@ async def started_gateway(
 ) -> Gateway:
     """`overhead.start_gateway` on `port`, or, if the gateway exits before it is ready,
     on another free port, up to `attempts` times. A port found free can be taken by
-    another socket before the gateway binds it (another process's server drawn the
+    another socket before the gateway binds it (another process's server drawing the
     same), and one lost start-up must not end a run of hours."""
     for _ in range(attempts - 1):
         try:

@@ -80,6 +80,27 @@ LATENCIES_MS = (20.0, 40.0)  # ... and of L
 # measures them.
 SWEEP_RATES = (3.0, 4.0, 6.0, 8.0)
 SWEEP_LATENCIES_MS = (20.0, 25.0, 40.0)
+SWEEP_EXPERTS = (3, 9, 12)  # ... and of N, whose default is 6
+
+
+@dataclass(frozen=True)
+class Point:
+    """One setting of the paper's sweep: experts, arrival rate (per s), target (ms)."""
+
+    label: str
+    n: int = 6
+    rate: float = DEFAULT_RATE
+    latency_ms: float = DEFAULT_LATENCY_MS
+
+
+# The default and every point of the paper's sweeps (N, lambda, L), in the order the
+# benchmark reports them.
+SWEEP_POINTS: tuple[Point, ...] = (
+    Point("default"),
+    *(Point(f"N={n}", n=n) for n in SWEEP_EXPERTS),
+    *(Point(f"lambda={r:g}", rate=r) for r in SWEEP_RATES),
+    *(Point(f"L={lat:g}ms", latency_ms=lat) for lat in SWEEP_LATENCIES_MS),
+)
 KEEP = ("best", "last")  # the actor a training run exports (`TrainConfig.keep`)
 
 

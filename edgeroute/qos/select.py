@@ -19,47 +19,20 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from edgeroute.qos.config import (
-    DEFAULT_LATENCY_MS,
-    DEFAULT_RATE,
-    SWEEP_LATENCIES_MS,
-    SWEEP_RATES,
-    SelectConfig,
-    TrainConfig,
-    read_record,
-)
+from edgeroute.qos.config import SWEEP_POINTS, Point, SelectConfig, TrainConfig, read_record
 from edgeroute.qos.distill import OnnxActor
 from edgeroute.qos.ensemble import MAY_DIFFER as ENSEMBLE_MAY_DIFFER
 from edgeroute.qos.ensemble import common_config
 from edgeroute.qos.evaluate import evaluate
-from edgeroute.qos.train import make_env, training_predictor
-from edgeroute.sim.edge import QUALITY_MODELS, default_experts, load_tasks
+from edgeroute.qos.train import experts_for, make_env
 
 # What candidates of one selection may differ in besides what an ensemble's members
 # may: how often their training evaluated them, which does not change their world.
 MAY_DIFFER = ENSEMBLE_MAY_DIFFER | {"eval_every"}
-
-
-@dataclass(frozen=True)
-class Point:
-    """One setting of the paper's sweep: experts, arrival rate (per s), target (ms)."""
-
-    label: str
-    n: int = 6
-    rate: float = DEFAULT_RATE
-    latency_ms: float = DEFAULT_LATENCY_MS
-
-
-POINTS: tuple[Point, ...] = (
-    Point("default"),
-    *(Point(f"N={n}", n=n) for n in (3, 9, 12)),
-    *(Point(f"lambda={r:g}", rate=r) for r in SWEEP_RATES),
-    *(Point(f"L={lat:g}ms", latency_ms=lat) for lat in SWEEP_LATENCIES_MS),
-)
 
 
 def shortfalls(scores: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -91,20 +64,13 @@ def scored(
     candidates: Sequence[Path],
     data_dir: Path,
     sc: SelectConfig,
-    points: Sequence[Point] = POINTS,
+    points: Sequence[Point] = SWEEP_POINTS,
     progress: Callable[[str], None] = print,
 ) -> dict[str, dict[str, float]]:
     """Each candidate's mean QoS at each point, over `sc.episodes` episodes on the same
     training hardware and arrivals for every candidate."""
     cfg = shared_config(candidates)
-    env = make_env(
-        cfg,
-        data_dir,
-        episode_len=sc.episode_len,
-        predictor=training_predictor(cfg),
-        tasks=load_tasks(data_dir, split="agent", quality=cfg.quality),
-    )
-    models = QUALITY_MODELS[cfg.quality]
+    env = make_env(cfg, data_dir, episode_len=sc.episode_len)
     out: dict[str, dict[str, float]] = {}
     for c in candidates:
         policy = OnnxActor(c / "actor.onnx").policy()
@@ -112,9 +78,8 @@ def scored(
         for p in points:
             qos = []
             for e in range(sc.episodes):
-                hardware = sc.first_hardware + e
                 env.reset(
-                    experts=default_experts(p.n, seed=hardware, models=models, fleet=cfg.fleet),
+                    experts=experts_for(cfg, sc.first_hardware + e, p.n),
                     rate=p.rate,
                     latency_req=p.latency_ms / 1000,
                 )
@@ -132,7 +97,7 @@ def select(
     candidates: Sequence[Path],
     data_dir: Path,
     sc: SelectConfig,
-    points: Sequence[Point] = POINTS,
+    points: Sequence[Point] = SWEEP_POINTS,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The candidates' scores, worst shortfalls and the `sc.keep` picked, as a record."""
@@ -149,8 +114,6 @@ def select(
 
 
 __all__ = [
-    "POINTS",
-    "Point",
     "picked",
     "scored",
     "select",

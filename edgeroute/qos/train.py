@@ -64,9 +64,13 @@ def training_predictor(cfg: TrainConfig) -> Predictor:
     return ServedPredictor(ScorePredictor(quality_dir(cfg.quality)))
 
 
-def experts_for(cfg: TrainConfig, hardware: int) -> list[EdgeExpert]:
+def experts_for(cfg: TrainConfig, hardware: int, n: int | None = None) -> list[EdgeExpert]:
+    """The training fleet drawn from `hardware`: `cfg.experts` experts, or `n`."""
     return default_experts(
-        cfg.experts, seed=hardware, models=QUALITY_MODELS[cfg.quality], fleet=cfg.fleet
+        cfg.experts if n is None else n,
+        seed=hardware,
+        models=QUALITY_MODELS[cfg.quality],
+        fleet=cfg.fleet,
     )
 
 

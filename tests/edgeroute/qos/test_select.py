@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from edgeroute.cli import main
-from edgeroute.qos.config import SelectConfig, TrainConfig, read_record, write_record
+from edgeroute.qos.config import Point, SelectConfig, TrainConfig, read_record, write_record
 from edgeroute.qos.export import export_actor
 from edgeroute.qos.model import QoSNet
-from edgeroute.qos.select import Point, picked, scored, shared_config, shortfalls
+from edgeroute.qos.select import picked, scored, shared_config, shortfalls
 from policies.predictor import MODEL_ROOT
 from tests.support import DATA_DIR, needs_data
 
