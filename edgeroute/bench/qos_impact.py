@@ -24,10 +24,7 @@ from typing import Any
 
 from edgeroute.bench.qos import Hardware, agents_named, scrape_named, trained_runs, variant_named
 from edgeroute.qos.config import (
-    DEFAULT_LATENCY_MS,
-    DEFAULT_RATE,
-    SWEEP_LATENCIES_MS,
-    SWEEP_RATES,
+    SWEEP_POINTS,
     quality_dir,
     quality_flag,
     quality_suffix,
@@ -122,12 +119,11 @@ def main(
     seeds = [seed + 100 + i for i in range(1 if quick else 5)]
     drawn = [held_out_hardware(k) if hardware == "held-out" else 0 for k in range(len(seeds))]
     episode = 256 if quick else 512
-    settings = [("default", DEFAULT_RATE, DEFAULT_LATENCY_MS)]
-    if not quick:
-        settings += [(f"lambda={r:g}", r, DEFAULT_LATENCY_MS) for r in SWEEP_RATES]
-        settings += [(f"L={lat:g}ms", DEFAULT_RATE, lat) for lat in SWEEP_LATENCIES_MS]
+    # the default and the sweeps of lambda and L: the fleet stays six experts
+    points = [p for p in SWEEP_POINTS if p.n == 6][: 1 if quick else None]
     rows: list[dict[str, Any]] = []
-    for label, rate, latency_ms in settings:
+    for point in points:
+        label, rate, latency_ms = point.label, point.rate, point.latency_ms
         policies: dict[str, Policy] = {"SQF": BASELINES["SQF"]}
         policies.update({k: served(load(v[0], latency_ms)) for k, v in runs.items()})
         for name, policy in policies.items():
