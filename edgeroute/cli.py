@@ -258,6 +258,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         herded_starts=args.herded_starts,
         credit=args.credit,
         impact=args.impact,
+        impact_scale=args.impact_scale,
         steps=args.steps,
         episode_len=args.episode_len,
         warmup=min(args.warmup, args.steps),
@@ -690,6 +691,13 @@ def build_parser() -> argparse.ArgumentParser:
         "nothing more arriving); hindsight: the same with the requests that arrived while "
         "it ran; shared: hindsight with each request's loss shared among the requests that "
         "each caused it (both need --credit request)",
+    )
+    q.add_argument(
+        "--impact-scale",
+        type=float,
+        default=t.impact_scale,
+        help="the impact penalty's weight in a decision's reward (eq. 16: 1; needs "
+        "--credit request)",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

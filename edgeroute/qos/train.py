@@ -143,14 +143,15 @@ class Pending:
     penalty depends on requests routed after it, so the episode's transitions wait for
     its end."""
 
-    def __init__(self, replay: Replay) -> None:
+    def __init__(self, replay: Replay, impact_scale: float = 1.0) -> None:
         self.replay = replay
+        self.impact_scale = impact_scale  # the penalty's weight (`TrainConfig.impact_scale`)
         self.waiting: list[tuple[Req, Obs, int, float, Obs, bool]] = []
 
     def add(self, env: EdgeEnv, obs: Obs, action: int, nxt: Obs, done: bool) -> None:
         req = env.last_request
         if req is None:
-            self.replay.add(obs, action, -env.last_penalty, nxt, done)
+            self.replay.add(obs, action, -self.impact_scale * env.last_penalty, nxt, done)
         else:
             self.waiting.append((req, obs, action, env.last_penalty, nxt, done))
 
@@ -167,7 +168,7 @@ class Pending:
                 if hindsight:
                     charged = charges[req]
                     penalty = charged.shared if env.impact == "shared" else charged.hindsight
-                self.replay.add(obs, action, env.qos(req) - penalty, nxt, done)
+                self.replay.add(obs, action, env.qos(req) - self.impact_scale * penalty, nxt, done)
             else:
                 keep.append(item)
         self.waiting = keep
@@ -237,7 +238,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     forced = [herded_start(cfg, rng) for _ in envs]
     obs = [env.observe() for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
-    pending = [Pending(replay) for _ in envs]
+    pending = [Pending(replay, cfg.impact_scale) for _ in envs]
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     step, best, history, seconds = 0, -1.0, [], 0.0

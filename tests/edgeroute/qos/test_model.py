@@ -664,12 +664,17 @@ def test_training_with_the_counterfactual_impact_credits_the_true_cost() -> None
 
 
 @needs_data("the quality data")
-@pytest.mark.parametrize("impact", ["hindsight", "shared"])
-def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: str) -> None:
+@pytest.mark.parametrize(
+    ("impact", "scale"), [("hindsight", 1.0), ("shared", 1.0), ("hindsight", 3.0)]
+)
+def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(
+    impact: str, scale: float
+) -> None:
     """`--impact hindsight` and `shared`: nothing is stored while the episode runs (a
     decision's cost depends on requests routed after it); at its end every routed
     decision carries its request's QoS less what that request truly cost the others,
-    arrivals included (shared: each loss divided among the requests that caused it)."""
+    arrivals included (shared: each loss divided among the requests that caused it),
+    times the penalty's weight (`--impact-scale`)."""
     from edgeroute.qos.sac import Replay
     from edgeroute.qos.train import Pending, make_env, new_episode
 
@@ -677,7 +682,7 @@ def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: st
     env = make_env(cfg, DATA_DIR)
     new_episode(env, cfg, np.random.default_rng(0))
     obs = env.observe()
-    pending = Pending(Replay(4096, obs))
+    pending = Pending(Replay(4096, obs), scale)
     drops = 0
     for i in range(400):
         action = (1 + i % 2) if i % 7 else 0
@@ -694,7 +699,9 @@ def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: st
     assert pending.replay.size == 400 and not pending.waiting
     assert any(c > 0 for c in costs)
     rewards = sorted(pending.replay.reward[: pending.replay.size].tolist())
-    want = sorted([0.0] * drops + [env.qos(r) - c for r, c in zip(routed, costs, strict=True)])
+    want = sorted(
+        [0.0] * drops + [env.qos(r) - scale * c for r, c in zip(routed, costs, strict=True)]
+    )
     assert rewards == pytest.approx(want, abs=1e-6)
 
 
@@ -702,3 +709,12 @@ def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(impact: st
 def test_a_hindsight_impact_is_refused_with_completion_credit(impact: str) -> None:
     with pytest.raises(ValueError, match="credited per request"):
         TrainConfig(impact=impact, credit="completion")
+
+
+def test_the_impact_penalty_is_weighed_only_per_request_and_never_below_0() -> None:
+    with pytest.raises(ValueError, match="only when credited per request"):
+        TrainConfig(impact_scale=2.0, credit="completion")
+    with pytest.raises(ValueError, match="at least 0"):
+        TrainConfig(impact_scale=-1.0)
+    assert TrainConfig(impact_scale=2.0).flags() == " --impact-scale 2"
+    assert TrainConfig.from_record({"variant": "full"}).impact_scale == 1.0
