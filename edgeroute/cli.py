@@ -696,8 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--impact-scale",
         type=float,
         default=t.impact_scale,
-        help="the impact penalty's weight in a decision's reward (eq. 16: 1; needs "
-        "--credit request)",
+        help="the impact penalty's weight in a decision's reward (eq. 16: 1)",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

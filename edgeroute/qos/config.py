@@ -200,7 +200,7 @@ class TrainConfig:
     impact: str = "reached"
     # The weight of the impact penalty in a decision's reward (eq. 16 weighs it 1): a
     # departure from the paper's letter, tried to give the impact more say beside the
-    # routed request's own QoS (docs/research.md, (178)). Credited per request only.
+    # routed request's own QoS (docs/research.md, (178)).
     impact_scale: float = 1.0
     randomise: bool = True  # each episode draws lambda in `rates` and L in `latencies_ms`
     # The range lambda (requests per second) is drawn from: the paper's sweep by default.
@@ -285,8 +285,6 @@ class TrainConfig:
             check_range(self.latency_over_fastest, "L's factor over the fastest expert")
         if self.impact_scale < 0:
             raise ValueError(f"the impact penalty's weight is at least 0, not {self.impact_scale}")
-        if self.impact_scale != 1.0 and self.credit != "request":
-            raise ValueError("the impact penalty is weighed only when credited per request")
         if self.impact in HINDSIGHT and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError(f"the {self.impact} impact is credited per request (credit 'request')")

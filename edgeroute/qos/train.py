@@ -135,6 +135,12 @@ def herded_start(cfg: TrainConfig, rng: np.random.Generator) -> Herd:
     return Herd(int(rng.integers(1, cfg.experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1)))
 
 
+def weighed(reward: float, penalty: float, scale: float) -> float:
+    """A step's reward, which holds the impact penalty once (eq. 16), with the penalty
+    weighed `scale` instead (`TrainConfig.impact_scale`)."""
+    return reward - (scale - 1.0) * penalty
+
+
 class Pending:
     """Per-request credit: a decision's transition waits until the request it routed
     finishes, and is then stored with that request's own QoS (eq. 1), less the action
@@ -290,6 +296,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                     env.drain()  # every routed request finishes, so all are credited
                 pending[k].settle(env, ended=done)
             else:  # the paper's letter: completions are rewarded when they happen
+                r = weighed(r, env.last_penalty, cfg.impact_scale)
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
                 new_episode(env, cfg, rng)

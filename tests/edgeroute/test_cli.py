@@ -403,6 +403,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         latency_ms=25.0,
         credit="completion",
         impact="pushed",
+        impact_scale=2.5,
         randomise=False,
         rates=(2.0, 10.0),
         latencies_ms=(10.0, 30.0),

@@ -711,9 +711,15 @@ def test_a_hindsight_impact_is_refused_with_completion_credit(impact: str) -> No
         TrainConfig(impact=impact, credit="completion")
 
 
-def test_the_impact_penalty_is_weighed_only_per_request_and_never_below_0() -> None:
-    with pytest.raises(ValueError, match="only when credited per request"):
-        TrainConfig(impact_scale=2.0, credit="completion")
+def test_completion_credit_weighs_the_penalty_its_reward_holds() -> None:
+    from edgeroute.qos.train import weighed
+
+    assert weighed(0.7, 0.2, 1.0) == 0.7  # eq. 16 as written: the reward as it is
+    assert weighed(0.7, 0.2, 3.0) == pytest.approx(0.7 - 2 * 0.2)
+    assert weighed(0.7, 0.2, 0.0) == pytest.approx(0.9)  # no penalty at all
+
+
+def test_the_impact_penalty_is_never_weighed_below_0() -> None:
     with pytest.raises(ValueError, match="at least 0"):
         TrainConfig(impact_scale=-1.0)
     assert TrainConfig(impact_scale=2.0).flags() == " --impact-scale 2"
