@@ -254,6 +254,11 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         # more steps, or another actor kept at the end: carry on
         if replace(TrainConfig.from_record(state["config"]), steps=cfg.steps, keep=cfg.keep) != cfg:
             raise SystemExit(f"{ckpt} was written with another config; move it or drop it")
+        if state["step"] > cfg.steps:  # its record would claim fewer steps than it had
+            raise SystemExit(
+                f"{ckpt} is at step {state['step']}, past the {cfg.steps} asked for; "
+                "ask for at least as many (as many finishes the run where it stopped)"
+            )
         sac.load_state_dict(state["sac"])
         replay.load_state_dict(state["replay"])
         rng.bit_generator.state = state["rng"]

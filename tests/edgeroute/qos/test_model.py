@@ -335,6 +335,24 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 
 
 @needs_data("the quality data")
+def test_a_stopped_run_finishes_at_its_checkpoint_but_not_before_it(tmp_path: Path) -> None:
+    """A run stopped at a checkpoint is finished there by asking for as many steps as it
+    has (its record and actor are written without training on); asking for fewer is
+    refused, since the record would then claim fewer steps than the actor had."""
+    train(tiny(steps=256), DATA_DIR, tmp_path)
+    (tmp_path / "training.json").unlink()
+    (tmp_path / "actor.onnx").unlink()
+    with pytest.raises(SystemExit, match="at step 256, past the 128 asked for"):
+        train(tiny(steps=128), DATA_DIR, tmp_path)
+    assert not (tmp_path / "actor.onnx").exists()
+    result = train(tiny(steps=256, keep="last"), DATA_DIR, tmp_path)
+    history = result["history"]
+    assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
+    assert result["kept_step"] == 256 and (tmp_path / "actor.onnx").exists()
+    assert read_record(tmp_path)["config"]["steps"] == 256
+
+
+@needs_data("the quality data")
 def test_the_last_actor_is_the_checkpoints_exported_beside_the_run(tmp_path: Path) -> None:
     """`export_last` writes the checkpoint's actor, not the best-evaluated one, with the
     run's record marked as such, and leaves the run's folder as it was."""
