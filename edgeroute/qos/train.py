@@ -55,6 +55,9 @@ from policies.predictor import ScorePredictor
 
 Obs = dict[str, np.ndarray]
 PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation and checkpoints")
+# Wall seconds between progress lines while no evaluation is due: with sparse
+# evaluations a long run would otherwise print nothing for half an hour.
+PROGRESS_SECONDS = 60.0
 
 
 def training_predictor(cfg: TrainConfig) -> Predictor:
@@ -278,6 +281,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     last_log: dict[str, float] = {}
     next_eval = (step // cfg.eval_every + 1) * cfg.eval_every
     spent = dict.fromkeys(PHASES, 0.0)  # where the time goes, this session
+    session_start, session_step, shown = time.time(), step, time.time()
     while step < cfg.steps:
         t0 = time.perf_counter()
         if step < cfg.warmup:
@@ -317,7 +321,11 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             for _ in range(step // cfg.update_every - before // cfg.update_every):
                 last_log = sac.update(replay, rng)
         spent["SAC updates"] += time.perf_counter() - t0
-        if step >= next_eval or step >= cfg.steps:
+        evaluating = step >= next_eval or step >= cfg.steps
+        if not evaluating and time.time() - shown >= PROGRESS_SECONDS:
+            shown = time.time()
+            print(progress(step, cfg.steps, step - session_step, shown - session_start), flush=True)
+        if evaluating:
             t0 = time.perf_counter()
             next_eval += cfg.eval_every
             score = eval_score(eval_env, cfg, acting(sac, True, rng))
@@ -387,6 +395,13 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         f"ONNX parity max |diff| {diff:.2e}; exported {out / 'actor.onnx'}"
     )
     return result
+
+
+def progress(step: int, steps: int, done: int, seconds: float) -> str:
+    """A run's progress line: its step, this session's rate and the time left at it."""
+    rate = done / seconds if seconds > 0 else 0.0
+    left = f"about {(steps - step) / rate / 60:.0f} min to go" if rate > 0 else "starting"
+    return f"step {step:>7}  {rate:6.0f} steps/s  {left}"
 
 
 def kept_last(step: int, history: list[dict[str, Any]]) -> dict[str, object]:

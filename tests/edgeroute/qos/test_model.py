@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from edgeroute.cli import main
+from edgeroute.qos import train as training
 from edgeroute.qos.config import (
     QUALITIES,
     SWEEP_LATENCIES_MS,
@@ -28,7 +29,7 @@ from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
 from edgeroute.qos.sac import SAC, batch_of
-from edgeroute.qos.train import eval_settings, export_last, train
+from edgeroute.qos.train import eval_settings, export_last, progress, train
 from edgeroute.sim.edge import EdgeEnv, Fleet, Quality
 from policies.predictor import MODEL_ROOT
 from policies.qos_state import INPUTS
@@ -332,6 +333,28 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert isinstance(history, list) and [h["step"] for h in history] == [128, 256]
     with pytest.raises(SystemExit, match="another config"):
         train(tiny(steps=384, lr=1e-3), DATA_DIR, tmp_path)  # not the same run
+
+
+def test_a_progress_line_gives_the_rate_and_the_time_left() -> None:
+    assert (
+        progress(150_000, 300_000, 30_000, 600.0)
+        == "step  150000      50 steps/s  about 50 min to go"
+    )
+    assert progress(0, 300_000, 0, 0.0).endswith("starting")
+
+
+@needs_data("the quality data")
+def test_a_run_shows_progress_between_its_evaluations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With evaluations far apart a run still prints where it is (here at every step,
+    the interval set to 0), and not on the steps that print an evaluation."""
+    monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)
+    train(tiny(steps=128, eval_every=128), DATA_DIR, tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    shown = [int(x.split()[1]) for x in lines if "min to go" in x or x.endswith("starting")]
+    assert shown == list(range(4, 128, 4))  # four environments: four steps a round
+    assert sum(x.startswith("step ") and "eval QoS" in x for x in lines) == 1
 
 
 @needs_data("the quality data")
