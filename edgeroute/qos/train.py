@@ -281,7 +281,9 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     last_log: dict[str, float] = {}
     next_eval = (step // cfg.eval_every + 1) * cfg.eval_every
     spent = dict.fromkeys(PHASES, 0.0)  # where the time goes, this session
-    session_start, session_step, shown = time.time(), step, time.time()
+    # this session's rate, on a clock that never steps back (a wall clock may)
+    session_start = shown = time.monotonic()
+    session_step = step
     while step < cfg.steps:
         t0 = time.perf_counter()
         if step < cfg.warmup:
@@ -322,8 +324,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 last_log = sac.update(replay, rng)
         spent["SAC updates"] += time.perf_counter() - t0
         evaluating = step >= next_eval or step >= cfg.steps
-        if not evaluating and time.time() - shown >= PROGRESS_SECONDS:
-            shown = time.time()
+        if not evaluating and time.monotonic() - shown >= PROGRESS_SECONDS:
+            shown = time.monotonic()
             print(progress(step, cfg.steps, step - session_step, shown - session_start), flush=True)
         if evaluating:
             t0 = time.perf_counter()
