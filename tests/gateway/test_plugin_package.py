@@ -4,6 +4,7 @@ with no file of the gateway touched (examples/edgeroute-pinned)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,20 +25,33 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The package installed into a directory of this module's own, put on the path of
+    this process and (through the environment returned) of the gateways it starts.
+
+    Not into the virtualenv: xdist runs this module's tests in several processes at
+    once, and one process's uninstall pulled the package from under another's gateway,
+    which then never became ready."""
+    root = tmp_path_factory.mktemp("plugin")
     # Built from a copy: a build leaves build/ and *.egg-info beside the sources.
-    source = tmp_path_factory.mktemp("plugin") / PACKAGE.name
+    source = root / PACKAGE.name
     shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    site = root / "site"
+    install = ["install", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(site)]
     subprocess.run(
-        [*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index", str(source)],
+        [*PIP, *install, str(source)],
         check=True,
         capture_output=True,
     )
+    sys.path.insert(0, str(site))
     default_registry.cache_clear()  # this process read the entry points before
     try:
-        yield
+        yield {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+        }
     finally:
-        subprocess.run([*PIP, "uninstall", "-y", "edgeroute-pinned"], check=True)
+        sys.path.remove(str(site))
+        sys.modules.pop("edgeroute_pinned", None)
         default_registry.cache_clear()
 
 
@@ -48,7 +62,7 @@ def post(url: str, body: dict[str, object]) -> httpx.Response:
 
 
 def test_an_installed_scorer_policy_and_hook_are_chosen_in_yaml_and_act(
-    installed: None, tmp_path: Path
+    installed: dict[str, str], tmp_path: Path
 ) -> None:
     names = ("--served-model-name", "instant", "--served-model-name", "other")
     workers = [WorkerProcess("--profile", "instant", *names) for _ in range(3)]
@@ -75,7 +89,7 @@ def test_an_installed_scorer_policy_and_hook_are_chosen_in_yaml_and_act(
             }
         )
     )
-    gateway = GatewayProcess(config, {"EDGEROUTE_ADMIN_TOKEN": "plugin-token"})
+    gateway = GatewayProcess(config, {"EDGEROUTE_ADMIN_TOKEN": "plugin-token", **installed})
     try:
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
         picked: Counter[str] = Counter()
@@ -112,7 +126,9 @@ def test_an_installed_scorer_policy_and_hook_are_chosen_in_yaml_and_act(
             w.kill()
 
 
-def test_a_plugin_given_bad_parameters_is_refused_with_its_own_message(installed: None) -> None:
+def test_a_plugin_given_bad_parameters_is_refused_with_its_own_message(
+    installed: dict[str, str],
+) -> None:
     from policies import PipelineSpec, PluginError, Registry, build_policy
     from policies.builtin import register_builtins
 
@@ -124,7 +140,7 @@ def test_a_plugin_given_bad_parameters_is_refused_with_its_own_message(installed
         build_policy(spec, registry)
 
 
-def test_an_unknown_hook_is_refused_by_name(installed: None) -> None:
+def test_an_unknown_hook_is_refused_by_name(installed: dict[str, str]) -> None:
     from gateway.hooks import make_hook
     from policies import PluginError
 
