@@ -238,6 +238,7 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     from edgeroute.qos.config import TrainConfig
+    from edgeroute.results_io import recorded
 
     return TrainConfig(
         variant=args.variant,
@@ -272,6 +273,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         keep=args.keep,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
+        predictor=recorded(Path(args.predictor)) if args.predictor else "",
         lr=args.lr,
         target_entropy_ratio=args.target_entropy,
         init_alpha=args.init_alpha,
@@ -407,7 +409,30 @@ def cmd_train_predictors(args: argparse.Namespace) -> None:
     from edgeroute.qos.predictors import compare_encoders
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    compare_encoders(data_dir, Path(args.out), args.epochs, args.seed, args.compare, args.quality)
+    compare_encoders(
+        data_dir, Path(args.out), args.epochs, args.seed, args.compare, args.quality, args.read
+    )
+
+
+def cmd_train_predictor_read(args: argparse.Namespace) -> None:
+    from edgeroute.qos.predictors import reread_predictor
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    reread_predictor(Path(args.source), out, args.read)
+    print(f"wrote {out / 'predictor.onnx'} ({args.read} read of {args.source}'s weights)")
+
+
+def _read_option(parser: argparse.ArgumentParser) -> None:
+    from edgeroute.qos.config import READS
+
+    parser.add_argument(
+        "--read",
+        choices=READS,
+        default=READS[0],
+        help="each expert's bucket: the most likely one (the paper's) or the expected "
+        "one, rounded (keeps how sure the classifier is)",
+    )
 
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
@@ -702,6 +727,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--zero-predictions", action="store_true", help="train without the QoS predictions"
     )
+    q.add_argument(
+        "--predictor",
+        help="the folder of the predictor the agent reads (default: the quality world's); "
+        "--out must be under it, so that the actor is served with it",
+    )
     q.add_argument("--lr", type=float, default=t.lr, help="learning rate")
     q.add_argument(
         "--target-entropy",
@@ -860,7 +890,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the quality data: RouterBench's MBPP (0/1) or RouterDC's graded tasks",
     )
     pr.add_argument("--out", default="models/qos", help="where the predictors go")
+    _read_option(pr)
     pr.set_defaults(func=cmd_train_predictors)
+
+    rr = which.add_parser(
+        "predictor-read",
+        help="a trained predictor's weights exported with another read of its buckets",
+        formatter_class=DefaultsHelp,
+    )
+    rr.add_argument("source", help="the folder of the trained predictor.onnx and .json")
+    rr.add_argument("--out", required=True, help="the folder for the re-read predictor")
+    _read_option(rr)
+    rr.set_defaults(func=cmd_train_predictor_read)
 
     lm = which.add_parser(
         "moe-lm",

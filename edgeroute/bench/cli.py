@@ -290,6 +290,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "predictor and runs are in models/qos or models/qos/routerdc",
     )
     q.add_argument(
+        "--predictor",
+        type=Path,
+        help="the folder of the predictor every policy reads (default: the quality "
+        "world's); agents must have trained with it",
+    )
+    q.add_argument(
         "--live",
         action="store_true",
         help="instead, compare through the real gateway with emulated workers (6, or --engines)",
@@ -668,6 +674,7 @@ def _qos(a: argparse.Namespace) -> None:
             serving=_serving(a),
             engines=a.engines,
             speedup=SPEEDUP if a.speedup is None else a.speedup,
+            predictor=a.predictor,
         )
         if a.predict:
             from edgeroute.bench.qos_replay import predict
@@ -689,6 +696,7 @@ def _qos(a: argparse.Namespace) -> None:
         hardware_from(a),
         n_seeds=a.seeds,
         physics=physics_from(a),
+        predictor=a.predictor,
     )
 
 

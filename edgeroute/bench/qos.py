@@ -70,7 +70,7 @@ from edgeroute.stats import (
 )
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor, predictor_dir
-from policies.qos_drl import QoSDRL, load
+from policies.qos_drl import load
 
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
@@ -222,11 +222,38 @@ class Physics:
         return ", ".join(said)
 
 
-def heuristics(quality: Quality) -> dict[str, Policy]:
+def run_predictor(
+    quality: Quality, predictor: Path | None, models: Mapping[str, Sequence[Path]]
+) -> Path:
+    """The predictor folder every policy of a run reads: `predictor`, else the quality
+    world's. An agent that trained with another is refused: it would be measured with
+    predictions it never saw."""
+    want = (predictor or quality_dir(quality)).resolve()
+    record = json.loads((want / "predictor.json").read_text())
+    if set(record["models"]) != set(QUALITY_MODELS[quality]):
+        raise SystemExit(f"{want}: its predictor is not of the {quality} world's models")
+    shown = f"the {quality} world's" if predictor is None else str(want)
+    for runs in models.values():
+        for run in runs:
+            if predictor_dir(run) != want:
+                raise SystemExit(f"{run}: its predictor ({predictor_dir(run)}) is not {shown}")
+    return want
+
+
+def predictor_named(base: str, quality: Quality, predictor: Path) -> tuple[str, str]:
+    """The results' name and flag for a predictor other than the world's."""
+    if predictor == quality_dir(quality).resolve():
+        return base, ""
+    shown = recorded(predictor)
+    return f"{base}_predictor-{predictor.name}", f" --predictor {shown}"
+
+
+def heuristics(quality: Quality, predictor: Path | None = None) -> dict[str, Policy]:
     """The heuristics every sweep measures: BR (the gateway's `best_predicted` with the
-    world's predictor), RR, SQF, SQF+predicted and least-load by the engines' queues."""
+    world's predictor, or the one in folder `predictor`), RR, SQF, SQF+predicted and
+    least-load by the engines' queues."""
     return {
-        "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality)))),
+        "BR": served(build_pipeline(PipelineSpec(**best_predicted(quality, predictor)))),
         **BASELINES,
         "least_load": served(build_pipeline(PipelineSpec(policy="least_load"))),
     }
@@ -278,13 +305,16 @@ class Sweep:
     physics: Physics = Physics()
 
     @classmethod
-    def of(cls, quality: Quality, data_dir: Path, **kw: Any) -> Sweep:
+    def of(
+        cls, quality: Quality, data_dir: Path, predictor: Path | None = None, **kw: Any
+    ) -> Sweep:
         """The `quality` world's sweep: its evaluation prompts in `data_dir` and its
-        served predictor, no trace unless given, the rest as `kw` says."""
+        served predictor (or the one in folder `predictor`), no trace unless given, the
+        rest as `kw` says."""
         kw.setdefault("trace", ())
         return cls(
             tasks=load_tasks(data_dir, split="eval", quality=quality),
-            predictor=ServedPredictor(load_predictor(quality_dir(quality))),
+            predictor=ServedPredictor(load_predictor(predictor or quality_dir(quality))),
             quality=quality,
             **kw,
         )
@@ -341,6 +371,7 @@ def main(
     hardware: Hardware = "seed-0",
     n_seeds: int | None = None,
     physics: Physics = Physics(),
+    predictor: Path | None = None,
 ) -> None:
     """`models`: each agent's training runs; by default every run in the quality
     world's runs/. An agent's figure on an environment seed is the mean of its
@@ -358,7 +389,9 @@ def main(
     profiles, N of them cycled (`engines`: one fleet no agent trained on, so that the
     intervals hold the workload's spread and not the draws'). `n_seeds`: environment seeds per point
     (None: 10, or 1 for a quick run). `physics`: what the experts do beyond their
-    profiles (`Physics`: slower, a prefix cache)."""
+    profiles (`Physics`: slower, a prefix cache). `predictor`: the folder of the
+    predictor every policy reads (by default the world's; agents must have trained
+    with it)."""
     from workers.quality import default_data_dir
 
     serving = serving or {}
@@ -371,24 +404,20 @@ def main(
     base, variant_flags = variant_named(
         base, seed, hardware, None if n_seeds == usual else n_seeds, physics
     )
+    predictor = run_predictor(quality, predictor, models or trained_runs(quality))
+    base, predictor_flag = predictor_named(base, quality, predictor)
     result_name, model_flags = agents_named(base, models, serving)
     refuse_other_serving(result_name, serving, quick)
     models = models or trained_runs(quality)
-    fixed: dict[str, list[Policy]] = {k: [v] for k, v in heuristics(quality).items()}
+    fixed = {k: [v] for k, v in heuristics(quality, predictor).items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})
 
     # An agent normalises its features by the latency target it serves, so each
     # setting's L gets its own policy for every run (as a gateway configured for it),
-    # all of them sharing the run's actor session and the world's predictor session.
-    def agent(run: Path, latency_ms: float, params: dict[str, bool]) -> QoSDRL:
-        own, want = predictor_dir(run), quality_dir(quality).resolve()
-        if own != want:  # it would be measured with a predictor it did not train with
-            raise SystemExit(f"{run}: its predictor ({own}) is not the {quality} world's")
-        return load(run, latency_ms, **params)
-
+    # all of them sharing the run's actor session and the run's predictor session.
     def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
         agents = {
-            n: [served(agent(d, latency_ms, serving.get(n, {}))) for d in dirs]
+            n: [served(load(d, latency_ms, **serving.get(n, {}))) for d in dirs]
             for n, dirs in models.items()
         }
         return {**fixed, **agents}
@@ -397,6 +426,7 @@ def main(
     sweep = Sweep.of(
         quality,
         data,
+        predictor,
         trace=read_azure(trace_path),  # once: every environment reads a window of it
         fleet=fleet,
         hardware=hardware,
@@ -481,7 +511,7 @@ def main(
             **measure_qos_drl(
                 n,
                 *((300, 1) if quick else (2000, 3)),
-                agent(runs[0], DEFAULT_LATENCY_MS, serving.get(name, {})),
+                load(runs[0], DEFAULT_LATENCY_MS, **serving.get(name, {})),
             ),
             "policy": name,
         }
@@ -556,6 +586,7 @@ def main(
             + fleet.flags()
             + scrape_flag
             + variant_flags
+            + predictor_flag
             + model_flags,
             "models": {k: [recorded(d) for d in v] for k, v in models.items()},
             "seeds": seeds,

@@ -38,6 +38,7 @@ from edgeroute.qos.config import (
     DEFAULT_RATE,
     Serving,
     best_predicted,
+    quality_dir,
     quality_flag,
     quality_suffix,
 )
@@ -297,6 +298,7 @@ def named(
     latency_ms: float = DEFAULT_LATENCY_MS,
     engines: int = len(EXPERTS),
     speedup: float = SPEEDUP,
+    predictor: tuple[str, str] = ("", ""),
 ) -> tuple[str, str]:
     """The results' name and the command's flags beyond --quality: a scrape other than
     the default, engines with another batch limit, another number of engines, another
@@ -325,8 +327,9 @@ def named(
         base += f"_x{speedup:g}"
         flags += f" --speedup {speedup:g}"
     base, seed_flags = variant_named(base, first_seed)
-    name, model_flags = agents_named(base, models, serving)
-    return name, flags + seed_flags + model_flags
+    suffix, predictor_flag = predictor  # (`edgeroute.bench.qos.predictor_named`)
+    name, model_flags = agents_named(base + suffix, models, serving)
+    return name, flags + seed_flags + predictor_flag + model_flags
 
 
 # The results table's columns, in order.
@@ -451,19 +454,38 @@ def plan(
     max_batch: int | None = None,
     serving: Serving | None = None,
     engines: int | None = None,
+    predictor: Path | None = None,
 ) -> LivePlan:
     """The live run these settings give (`main` runs it). `models` (none: the quality
     world's trained runs), `max_batch`, `engines` (None: six): see `run_policy`.
     `serving`: agents served with other parameters (`shed: false`, `sample: true`,
-    `speed_prior: true`)."""
-    from edgeroute.bench.qos import check_serving, refuse_other_serving, trained_runs
+    `speed_prior: true`). `predictor`: the folder of the predictor BR reads (by
+    default the world's; agents must have trained with it)."""
+    from edgeroute.bench.qos import (
+        check_serving,
+        predictor_named,
+        refuse_other_serving,
+        run_predictor,
+        trained_runs,
+    )
 
     scrape_ms = SCRAPE_MS if scrape_ms is None else scrape_ms
     engines = len(EXPERTS) if engines is None else engines
     serving = serving or {}
     check_serving(models, serving)
+    folder = run_predictor(quality, predictor, models or trained_runs(quality))
     name, flags = named(
-        quality, scrape_ms, models, max_batch, serving, rate, seed, latency_ms, engines, speedup
+        quality,
+        scrape_ms,
+        models,
+        max_batch,
+        serving,
+        rate,
+        seed,
+        latency_ms,
+        engines,
+        speedup,
+        predictor_named("", quality, folder),
     )
     refuse_other_serving(name, serving, quick)
     models = models or trained_runs(quality)
@@ -484,7 +506,16 @@ def plan(
         "arrivals": ARRIVALS,
         "models": {k: [recorded(d) for d in v] for k, v in models.items()},
     }
+    if folder != quality_dir(quality).resolve():
+        config["predictor"] = recorded(folder)
     return LivePlan(name, config, models, serving, quick)
+
+
+def recorded_predictor(config: dict[str, Any]) -> Path | None:
+    """The folder of the predictor a live run's policies read, when its config names
+    one other than its world's."""
+    folder = config.get("predictor")
+    return None if folder is None else Path(folder)
 
 
 def main(run: LivePlan, json_path: str | None) -> None:
@@ -508,7 +539,7 @@ def main(run: LivePlan, json_path: str | None) -> None:
         specs: dict[str, dict[str, Any]] = {
             "RR": {"policy": "round_robin"},
             "least_load": {"policy": "least_load"},
-            "BR": best_predicted(quality),  # load aside
+            "BR": best_predicted(quality, recorded_predictor(c)),  # load aside
         }
         for name, runs in run.models.items():
             spec: dict[str, Any] = {"policy": "qos_drl", "model": str(runs[served[name]])}

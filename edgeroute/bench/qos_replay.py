@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from edgeroute.bench.qos import Physics, Sweep, heuristics, recorded_serving, refuse_other_serving
-from edgeroute.bench.qos_live import ARRIVALS, LivePlan, live_stream, served_run
+from edgeroute.bench.qos_live import (
+    ARRIVALS,
+    LivePlan,
+    live_stream,
+    recorded_predictor,
+    served_run,
+)
 from edgeroute.qos.evaluate import Policy, evaluate, served
 from edgeroute.results_io import Plot, write
 from edgeroute.sim.edge import Arrival, Quality, Task
@@ -135,9 +141,11 @@ class Replay:
         self.config = config
         self.lateness = lateness or Lateness()
         self.quality = recorded_quality(config)
+        self.predictor = recorded_predictor(config)
         self.sweep = Sweep.of(
             self.quality,
             default_data_dir(),
+            self.predictor,
             hardware="engines",
             scrape_ms=config["scrape_ms"],
             physics=physics,
@@ -148,7 +156,7 @@ class Replay:
         runs served as they were."""
         quality, latency_ms = self.quality, self.config["latency_ms"]
         serving = recorded_serving(self.config["command"])
-        fixed = heuristics(quality)
+        fixed = heuristics(quality, self.predictor)
         policies: dict[str, list[Policy]] = {k: [fixed[k]] for k in ("RR", "least_load", "BR")}
         for name, runs in self.config["models"].items():
             params = serving.get(name, {})

@@ -7,7 +7,7 @@ import json
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from edgeroute.sim.edge import HINDSIGHT, TRAIN_HARDWARE, Fleet, Quality, check_range
 from policies.predictor import MODEL_ROOT
@@ -23,17 +23,24 @@ QUALITY_PROMPTS = {
 }
 
 
+# How a predictor's graph reads its bucket distributions out: the most likely bucket
+# (the paper's classifier read), or the expected bucket rounded to the nearest one,
+# which keeps how sure the classifier is (a 50/50 split of buckets 0 and 9 reads 4, not 0).
+Read = Literal["argmax", "expected"]
+READS: tuple[Read, ...] = get_args(Read)
+
+
 def quality_dir(quality: str) -> Path:
     """A quality world's folder: its predictor, its runs/ and its model card (RouterBench's
     is models/qos itself)."""
     return MODEL_ROOT if quality == QUALITIES[0] else MODEL_ROOT / quality
 
 
-def best_predicted(quality: str) -> dict[str, Any]:
+def best_predicted(quality: str, predictor: Path | None = None) -> dict[str, Any]:
     """The routing spec of BR (the QoS papers' BERT-router baseline) in `quality`'s
-    world: the gateway's `best_predicted` preset with that world's predictor. The
-    simulator and the live run both route by it."""
-    model = str(quality_dir(quality))
+    world: the gateway's `best_predicted` preset with that world's predictor, or the
+    one in folder `predictor`. The simulator and the live run both route by it."""
+    model = str(predictor or quality_dir(quality))
     return {
         "policy": "best_predicted",
         "scorers": [{"type": "predicted_quality", "params": {"model": model}}],
@@ -260,6 +267,10 @@ class TrainConfig:
     episode_len: int = 256
     seed: int = 0
     zero_predictions: bool = False
+    # The folder of the predictor whose outputs the agent reads ("": the quality world's);
+    # the run's folder must be under it, so that it is served with the same one
+    # (`policies.predictor.predictor_dir`).
+    predictor: str = ""
     threads: int = 1
     lr: float = 3e-4
     target_entropy_ratio: float = 0.5

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from edgeroute.qos.config import quality_flag, quality_suffix
+from edgeroute.qos.config import Read, quality_flag, quality_suffix
 from edgeroute.qos.onnx_graph import Graph, linear, parameters, weights
 from edgeroute.sim.edge import (
     BUCKETS,
@@ -100,11 +100,11 @@ class Predictor(nn.Module):
         return self.score(h), self.length(h)
 
 
-def export_predictor(net: Predictor, path: Path) -> None:
+def export_predictor(net: Predictor, path: Path, read: Read = "argmax") -> None:
     """`net` as the gateway runs it, one request at a time: inputs `ids` [1, T] (the
     prompt's `gram_ids`, unpadded; an empty prompt is the one padding id 0) and
-    `expert` [E], output `buckets` [E, 2] (the most likely score and length bucket on
-    each expert). The text is pooled once, and the expert embedding's part of the first
+    `expert` [E], output `buckets` [E, 2] (each expert's score and length bucket, as
+    `read` says). The text is pooled once, and the expert embedding's part of the first
     layer is one row per expert, looked up (`edgeroute.qos.onnx_graph`)."""
     if net.embed is None:
         raise ValueError("only the hashed bag of words is served")
@@ -133,13 +133,31 @@ def export_predictor(net: Predictor, path: Path) -> None:
         g.const("heads_bias", np.concatenate([bs, bl])),
     )
     both = g.op("Reshape", logits, g.const("heads_shape", [0, 2, BUCKETS]))
+    if read == "argmax":
+        buckets = g.op("ArgMax", both, axis=-1, keepdims=0)
+    else:
+        mean = g.op(
+            "MatMul",
+            g.op("Softmax", both, axis=-1),
+            g.const("bucket_index", np.arange(BUCKETS, dtype=np.float32)),
+        )
+        buckets = g.op("Cast", g.op("Round", mean), to=INT64)
     g.save(
         path,
         "qos_predictor",
         {"ids": (INT64, [1, "ids"]), "expert": (INT64, ["experts"])},
-        {"buckets": (g.op("ArgMax", both, axis=-1, keepdims=0), INT64, ["experts", 2])},
+        {"buckets": (buckets, INT64, ["experts", 2])},
         w,
     )
+
+
+def reread_predictor(source: Path, out: Path, read: Read) -> None:
+    """The predictor in folder `source`, its weights as trained, exported to folder
+    `out` with another `read`; its record says which."""
+    export_predictor(load_predictor_net(source / "predictor.onnx"), out / "predictor.onnx", read)
+    record = json.loads((source / "predictor.json").read_text())
+    record.update(read=read, weights_from=str(source))
+    (out / "predictor.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def load_predictor_net(path: Path) -> Predictor:
@@ -195,6 +213,7 @@ def train_predictor(
     seed: int = 0,
     out: Path | None = None,
     quality: Quality = "routerbench",
+    read: Read = "argmax",
 ) -> PredictorReport:
     torch.manual_seed(seed)
     models = QUALITY_MODELS[quality]
@@ -240,9 +259,9 @@ def train_predictor(
         "majority_length_top1": float(np.bincount(ds.length[te]).max() / len(te)),
     }
     if out is not None and bow:
-        export_predictor(net, out / "predictor.onnx")
+        export_predictor(net, out / "predictor.onnx", read)
         (out / "predictor.json").write_text(
-            json.dumps({**result, "models": list(models)}, indent=1) + "\n"
+            json.dumps({**result, "models": list(models), "read": read}, indent=1) + "\n"
         )
     return result
 
@@ -257,13 +276,14 @@ def compare_encoders(
     seed: int,
     minilm: bool,
     quality: Quality = "routerbench",
+    read: Read = "argmax",
 ) -> None:
     """Train the predictor (hashed bag of words, exported to ONNX), optionally the MiniLM
     variant, and write both beside the paper's figures to bench/results/."""
     from edgeroute.results_io import write
 
     rows: list[dict[str, object]] = [
-        dict(train_predictor(data_dir, "bow", epochs, seed, out, quality))
+        dict(train_predictor(data_dir, "bow", epochs, seed, out, quality, read))
     ]
     if minilm:
         rows.append(dict(train_predictor(data_dir, "minilm", epochs, seed, quality=quality)))

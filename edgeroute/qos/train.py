@@ -51,7 +51,7 @@ from edgeroute.sim.edge import (
     default_experts,
     load_tasks,
 )
-from policies.predictor import ScorePredictor
+from policies.predictor import ScorePredictor, predictor_dir
 
 Obs = dict[str, np.ndarray]
 PHASES = ("acting", "simulator", "credit and replay", "SAC updates", "evaluation and checkpoints")
@@ -64,7 +64,17 @@ def training_predictor(cfg: TrainConfig) -> Predictor:
     """The served predictor's real outputs (never the truth), or none at all."""
     if cfg.zero_predictions:
         return NoisyOracle(zero=True)
-    return ServedPredictor(ScorePredictor(quality_dir(cfg.quality)))
+    return ServedPredictor(ScorePredictor(Path(cfg.predictor or quality_dir(cfg.quality))))
+
+
+def check_served_predictor(cfg: TrainConfig, out: Path) -> None:
+    """Refuse a run with a predictor of its own whose actor, written to `out`, would be
+    served with another (the nearest one above it: `predictor_dir`)."""
+    if cfg.predictor and predictor_dir(out) != Path(cfg.predictor).resolve():
+        raise SystemExit(
+            f"an actor in {out} is served with {predictor_dir(out)}'s predictor, not "
+            f"{cfg.predictor}'s: train it into a folder under {cfg.predictor}"
+        )
 
 
 def experts_for(cfg: TrainConfig, hardware: int, n: int | None = None) -> list[EdgeExpert]:
@@ -237,6 +247,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
+    check_served_predictor(cfg, out)
     predictor = training_predictor(cfg)
     tasks = load_tasks(data_dir, split="agent", quality=cfg.quality)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]

@@ -722,3 +722,40 @@ def test_a_live_run_drawing_the_agents_of_committed_argmax_results_is_refused(
     args = build_parser().parse_args(argv.split())
     with pytest.raises(SystemExit, match="served otherwise"):
         args.func(args)
+
+
+def test_a_run_reads_one_predictor_and_refuses_agents_trained_with_another(
+    tmp_path: Path,
+) -> None:
+    """`--predictor`: every policy of the run reads the predictor in that folder, its
+    results are named after it, and an agent is measured only with the predictor it
+    trained with (the nearest above its folder)."""
+    from edgeroute.bench.qos import predictor_named, run_predictor
+    from edgeroute.bench.qos_live import plan
+    from edgeroute.qos.predictors import reread_predictor
+
+    world = (MODEL_ROOT / "routerdc").resolve()
+    other = tmp_path / "expected-read"
+    other.mkdir()
+    reread_predictor(world, other, "expected")
+    own = other / "full-s0"
+    own.mkdir()
+    shutil.copy(world / "engines" / "actor.onnx", own / "actor.onnx")
+    assert run_predictor("routerdc", other, {"full": [own]}) == other.resolve()
+    assert run_predictor("routerdc", None, {"k1": [world / "engines"]}) == world
+    with pytest.raises(SystemExit, match="is not " + str(other.resolve())):
+        run_predictor("routerdc", other, {"k1": [world / "engines"]})
+    with pytest.raises(SystemExit, match="not the routerdc world's"):
+        run_predictor("routerdc", None, {"full": [own]})
+    with pytest.raises(SystemExit, match="not of the routerbench world's models"):
+        run_predictor("routerbench", other, {})
+    assert predictor_named("qos_routerdc", "routerdc", world) == ("qos_routerdc", "")
+    name, flag = predictor_named("qos_routerdc", "routerdc", other.resolve())
+    assert name == "qos_routerdc_predictor-expected-read" and flag.endswith(str(other.resolve()))
+
+    live = plan(True, 1, {"full": [own]}, quality="routerdc", predictor=other)
+    assert "_predictor-expected-read_" in live.name
+    assert live.config["predictor"] == str(other.resolve())
+    assert " --predictor " in live.config["command"]
+    plain = plan(True, 1, {"k1": [world / "engines"]}, quality="routerdc")
+    assert "predictor" not in plain.config and "predictor" not in plain.name

@@ -765,3 +765,21 @@ def test_the_impact_penalty_is_never_weighed_below_0() -> None:
         TrainConfig(impact_scale=-1.0)
     assert TrainConfig(impact_scale=2.0).flags() == " --impact-scale 2"
     assert TrainConfig.from_record({"variant": "full"}).impact_scale == 1.0
+
+
+def test_a_run_with_its_own_predictor_must_be_written_under_it(tmp_path: Path) -> None:
+    """An actor is served with the nearest predictor above its folder, so a run that
+    trains with another predictor is refused anywhere else."""
+    from edgeroute.qos.config import TrainConfig
+    from edgeroute.qos.predictors import reread_predictor
+    from edgeroute.qos.train import check_served_predictor
+    from policies.predictor import MODEL_ROOT
+
+    folder = tmp_path / "expected-read"
+    folder.mkdir()
+    reread_predictor(MODEL_ROOT / "routerdc", folder, "expected")
+    cfg = TrainConfig(quality="routerdc", predictor=str(folder))
+    check_served_predictor(cfg, folder / "runs" / "full-s0")
+    with pytest.raises(SystemExit, match="train it into a folder under"):
+        check_served_predictor(cfg, tmp_path / "elsewhere")
+    check_served_predictor(TrainConfig(quality="routerdc"), tmp_path / "elsewhere")

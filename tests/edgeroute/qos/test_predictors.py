@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 import filecmp
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from edgeroute.qos.predictors import export_predictor, load_predictor_net, train_predictor
-from policies.predictor import MODEL_ROOT
+from edgeroute.qos.predictors import (
+    expected,
+    export_predictor,
+    load_predictor_net,
+    reread_predictor,
+    train_predictor,
+)
+from edgeroute.sim.edge import load_tasks
+from policies.predictor import MODEL_ROOT, ScorePredictor
 from policies.qos_text import MAX_IDS, VOCAB, gram_ids, hashed_ids
 from tests.support import DATA_DIR, needs_data
 
@@ -85,3 +93,54 @@ def test_on_graded_scores_the_predictor_orders_prompts_it_never_saw(tmp_path: Pa
     assert r["score_top1"] > r["majority_score_top1"] + 0.03
     assert r["score_corr"] > 0.2
     assert r["test"] > 5000  # (prompt, model) rows of the agent's and evaluation prompts
+
+
+def test_the_expected_read_is_the_mean_bucket_rounded(tmp_path: Path) -> None:
+    """The same weights read out another way: each expert's expected bucket under the
+    classifier's distribution, rounded; the argmax re-read is the committed file."""
+    folder = MODEL_ROOT / "routerdc"
+    reread_predictor(folder, tmp_path, "expected")
+    record = json.loads((tmp_path / "predictor.json").read_text())
+    assert record["read"] == "expected" and record["weights_from"] == str(folder)
+    net = load_predictor_net(tmp_path / "predictor.onnx").eval()
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
+    experts = np.arange(net.expert.num_embeddings)
+    spread = 0
+    for prompt in ["", "Solve 3x + 5 = 11.", "Write a JavaScript function that sorts"]:
+        ids = gram_ids(prompt)
+        served = session.run(
+            None, {"ids": (ids if len(ids) else np.zeros(1, np.int64))[None], "expert": experts}
+        )[0]
+        with torch.no_grad():
+            padded = torch.from_numpy(hashed_ids(prompt)[None].repeat(len(experts), 0))
+            score, length = net(padded, torch.from_numpy(experts))
+        want = torch.stack([expected(score), expected(length)], 1).round().long().numpy()
+        assert np.array_equal(served, want), prompt
+        spread += int((served != np.stack([score.argmax(-1), length.argmax(-1)], 1)).sum())
+    assert spread > 0  # not the argmax read under another name
+    again = tmp_path / "argmax"
+    again.mkdir()
+    reread_predictor(folder, again, "argmax")
+    assert filecmp.cmp(again / "predictor.onnx", folder / "predictor.onnx", shallow=False)
+
+
+@needs_data("RouterDC's scores in router_quality/")
+def test_the_expected_read_picks_better_experts_than_the_argmax(tmp_path: Path) -> None:
+    """On the agent's prompts (never the predictor's), the expert each read predicts
+    best answers better by the expected read: the argmax read mostly says 0 or 9 and
+    leaves the choice to ties."""
+    reread_predictor(MODEL_ROOT / "routerdc", tmp_path, "expected")
+    reads = {
+        "argmax": ScorePredictor(MODEL_ROOT / "routerdc"),
+        "expected": ScorePredictor(tmp_path),
+    }
+    tasks = load_tasks(DATA_DIR, split="agent", quality="routerdc")
+    picked: dict[str, list[float]] = {name: [] for name in reads}
+    for task in tasks:
+        for name, predictor in reads.items():
+            scores = [s for s, _ in predictor.predict(task.prompt, range(len(predictor.models)))]
+            best = predictor.models[int(np.argmax(scores))]
+            picked[name].append(task.scores[best])
+    assert np.mean(picked["expected"]) > np.mean(picked["argmax"]) + 0.05
