@@ -238,7 +238,6 @@ def cmd_train_qos(args: argparse.Namespace) -> None:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     from edgeroute.qos.config import TrainConfig
-    from edgeroute.results_io import recorded
 
     return TrainConfig(
         variant=args.variant,
@@ -273,7 +272,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         keep=args.keep,
         seed=args.seed,
         zero_predictions=args.zero_predictions,
-        predictor=recorded(Path(args.predictor)) if args.predictor else "",
+        predictor=args.predictor or "",
         lr=args.lr,
         target_entropy_ratio=args.target_entropy,
         init_alpha=args.init_alpha,

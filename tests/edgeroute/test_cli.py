@@ -434,6 +434,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         arrival_rate=True,
         critic_arrival_rate=True,
         herded_starts=0.25,
+        predictor="models/qos/routerdc/attempts/expected-read",
     )
     default = TrainConfig()
     # a setting added to TrainConfig must be changed above, or have no option
@@ -459,7 +460,8 @@ def test_every_serving_flag_reaches_the_live_runs_plan(monkeypatch: pytest.Monke
     parser = build_parser()
     seen: list[object] = []
     monkeypatch.setattr(edgeroute.bench.qos_live, "main", lambda run, _: seen.append(run.serving))
-    argv = ["bench", "qos", "--live", "--quick", "--model", "a=x"]
+    agent = MODEL_ROOT / "routerdc" / "engines"  # the plan refuses one of another world
+    argv = ["bench", "qos", "--live", "--quick", "--quality", "routerdc", "--model", f"a={agent}"]
     for flag, _ in SERVING_FLAGS.values():
         argv += [flag, "a"]
     args = parser.parse_args(argv)

@@ -757,5 +757,7 @@ def test_a_run_reads_one_predictor_and_refuses_agents_trained_with_another(
     assert "_predictor-expected-read_" in live.name
     assert live.config["predictor"] == str(other.resolve())
     assert " --predictor " in live.config["command"]
+    with pytest.raises(SystemExit, match="is not " + str(other.resolve())):
+        plan(True, 1, {"k1": [world / "engines"]}, quality="routerdc", predictor=other)
     plain = plan(True, 1, {"k1": [world / "engines"]}, quality="routerdc")
     assert "predictor" not in plain.config and "predictor" not in plain.name
