@@ -404,11 +404,11 @@ def main(
     base, variant_flags = variant_named(
         base, seed, hardware, None if n_seeds == usual else n_seeds, physics
     )
-    predictor = run_predictor(quality, predictor, models or trained_runs(quality))
+    given, models = models, models or trained_runs(quality)
+    predictor = run_predictor(quality, predictor, models)
     base, predictor_flag = predictor_named(base, quality, predictor)
-    result_name, model_flags = agents_named(base, models, serving)
+    result_name, model_flags = agents_named(base, given, serving)
     refuse_other_serving(result_name, serving, quick)
-    models = models or trained_runs(quality)
     fixed = {k: [v] for k, v in heuristics(quality, predictor).items()}
     fixed.update({k: [v] for k, v in REFERENCES.items()})
 

@@ -473,11 +473,12 @@ def plan(
     engines = len(EXPERTS) if engines is None else engines
     serving = serving or {}
     check_serving(models, serving)
-    folder = run_predictor(quality, predictor, models or trained_runs(quality))
+    given, models = models, models or trained_runs(quality)
+    folder = run_predictor(quality, predictor, models)
     name, flags = named(
         quality,
         scrape_ms,
-        models,
+        given,
         max_batch,
         serving,
         rate,
@@ -488,7 +489,6 @@ def plan(
         predictor_named("", quality, folder),
     )
     refuse_other_serving(name, serving, quick)
-    models = models or trained_runs(quality)
     config = {
         "command": "edgeroute bench qos --live"
         + (" --quick" if quick else f" --seeds {n_seeds}")
