@@ -235,8 +235,8 @@ def run_predictor(
     shown = f"the {quality} world's" if predictor is None else str(want)
     for runs in models.values():
         for run in runs:
-            if predictor_dir(run) != want:
-                raise SystemExit(f"{run}: its predictor ({predictor_dir(run)}) is not {shown}")
+            if (own := predictor_dir(run)) != want:
+                raise SystemExit(f"{run}: its predictor ({own}) is not {shown}")
     return want
 
 

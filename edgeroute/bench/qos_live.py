@@ -38,7 +38,6 @@ from edgeroute.qos.config import (
     DEFAULT_RATE,
     Serving,
     best_predicted,
-    quality_dir,
     quality_flag,
     quality_suffix,
 )
@@ -475,6 +474,7 @@ def plan(
     check_serving(models, serving)
     given, models = models, models or trained_runs(quality)
     folder = run_predictor(quality, predictor, models)
+    predictor_name = predictor_named("", quality, folder)
     name, flags = named(
         quality,
         scrape_ms,
@@ -486,7 +486,7 @@ def plan(
         latency_ms,
         engines,
         speedup,
-        predictor_named("", quality, folder),
+        predictor_name,
     )
     refuse_other_serving(name, serving, quick)
     config = {
@@ -506,7 +506,7 @@ def plan(
         "arrivals": ARRIVALS,
         "models": {k: [recorded(d) for d in v] for k, v in models.items()},
     }
-    if folder != quality_dir(quality).resolve():
+    if predictor_name[0]:  # not the world's
         config["predictor"] = recorded(folder)
     return LivePlan(name, config, models, serving, quick)
 

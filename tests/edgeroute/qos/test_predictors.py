@@ -3,12 +3,14 @@ from __future__ import annotations
 import filecmp
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from edgeroute.qos.predictors import (
+    Predictor,
     expected,
     export_predictor,
     load_predictor_net,
@@ -42,6 +44,19 @@ def test_the_predictor_beats_the_majority_bucket_and_exports(tmp_path: Path) -> 
     assert np.array_equal(buckets[0], buckets[2])
 
 
+def _served_and_module(
+    session: Any, net: Predictor, prompt: str
+) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """The graph's buckets for `prompt` on every expert (its unpadded ids, as served),
+    and the module's score and length logits on the padded ids."""
+    experts = np.arange(net.expert.num_embeddings)
+    served = session.run(None, {"ids": ScorePredictor.prompt_ids(prompt), "expert": experts})[0]
+    with torch.no_grad():
+        padded = torch.from_numpy(hashed_ids(prompt)[None].repeat(len(experts), 0))
+        score, length = net(padded, torch.from_numpy(experts))
+    return served, score, length
+
+
 @pytest.mark.parametrize("quality", ["routerbench", "routerdc"])
 def test_the_served_predictor_picks_the_buckets_its_module_does(
     tmp_path: Path, quality: str
@@ -55,7 +70,6 @@ def test_the_served_predictor_picks_the_buckets_its_module_does(
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
-    experts = np.arange(net.expert.num_embeddings)
     rng = np.random.default_rng(0)
     words = [
         "write",
@@ -74,13 +88,7 @@ def test_the_served_predictor_picks_the_buckets_its_module_does(
     ]
     prompts = ["", "?"] + [" ".join(rng.choice(words, rng.integers(1, 200))) for _ in range(30)]
     for prompt in prompts:
-        ids = gram_ids(prompt)
-        served = session.run(
-            None, {"ids": (ids if len(ids) else np.zeros(1, np.int64))[None], "expert": experts}
-        )[0]
-        with torch.no_grad():
-            padded = torch.from_numpy(hashed_ids(prompt)[None].repeat(len(experts), 0))
-            score, length = net(padded, torch.from_numpy(experts))
+        served, score, length = _served_and_module(session, net, prompt)
         assert np.array_equal(served, np.stack([score.argmax(-1), length.argmax(-1)], 1)), prompt
     assert filecmp.cmp(tmp_path / "predictor.onnx", folder / "predictor.onnx", shallow=False)
 
@@ -106,16 +114,9 @@ def test_the_expected_read_is_the_mean_bucket_rounded(tmp_path: Path) -> None:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "predictor.onnx"))
-    experts = np.arange(net.expert.num_embeddings)
     spread = 0
     for prompt in ["", "Solve 3x + 5 = 11.", "Write a JavaScript function that sorts"]:
-        ids = gram_ids(prompt)
-        served = session.run(
-            None, {"ids": (ids if len(ids) else np.zeros(1, np.int64))[None], "expert": experts}
-        )[0]
-        with torch.no_grad():
-            padded = torch.from_numpy(hashed_ids(prompt)[None].repeat(len(experts), 0))
-            score, length = net(padded, torch.from_numpy(experts))
+        served, score, length = _served_and_module(session, net, prompt)
         want = torch.stack([expected(score), expected(length)], 1).round().long().numpy()
         assert np.array_equal(served, want), prompt
         spread += int((served != np.stack([score.argmax(-1), length.argmax(-1)], 1)).sum())
