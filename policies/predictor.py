@@ -28,9 +28,10 @@ log = logging.getLogger("edgeroute.predictor")
 # under it, each with its predictor, its runs and its model card.
 MODEL_ROOT = Path(__file__).resolve().parent.parent / "models" / "qos"
 # What `qos_drl` serves unless a spec names another folder: the agent trained for
-# engines that batch and queue like vLLM (its MODEL_CARD.md), and the predictor of
-# its world, RouterDC's open models, which is also `predicted_quality`'s default.
-DEFAULT_MODEL_DIR = MODEL_ROOT / "routerdc" / "engines"
+# engines that batch and queue like vLLM, reading its own predictor's expected bucket
+# (its MODEL_CARD.md). `predicted_quality`'s default is RouterDC's predictor read for
+# its top bucket, the paper's BR.
+DEFAULT_MODEL_DIR = MODEL_ROOT / "routerdc" / "expected-read"
 DEFAULT_PREDICTOR_DIR = MODEL_ROOT / "routerdc"
 BUCKETS = 10
 MAX_TOKENS = 300.0

@@ -434,7 +434,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         arrival_rate=True,
         critic_arrival_rate=True,
         herded_starts=0.25,
-        predictor="models/qos/routerdc/attempts/expected-read",
+        predictor="models/qos/routerdc/expected-read",
     )
     default = TrainConfig()
     # a setting added to TrainConfig must be changed above, or have no option

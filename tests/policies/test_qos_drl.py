@@ -27,8 +27,8 @@ def test_backends_sharing_a_model_share_one_prediction_row() -> None:
 
 
 def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path: Path) -> None:
-    """A run in `<world>/runs/<run>/` trained with `<world>`'s predictor; a lone actor
-    falls back to the one the gateway ships."""
+    """A run in `<world>/runs/<run>/` trained with `<world>`'s predictor; the served
+    default has its own beside it; a lone actor falls back to RouterDC's."""
     world = tmp_path / "world"
     run = world / "runs" / "full-s0"
     run.mkdir(parents=True)
@@ -43,9 +43,10 @@ def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path:
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
-    shipped = QoSDRL().predictor
-    assert shipped.folder == DEFAULT_PREDICTOR_DIR
-    assert QoSDRL(lone).predictor.models == shipped.models != routerbench["models"]
+    assert QoSDRL().predictor.folder == DEFAULT_MODEL_DIR.resolve()  # its own, beside it
+    fallback = QoSDRL(lone).predictor
+    assert fallback.folder == DEFAULT_PREDICTOR_DIR
+    assert fallback.models == QoSDRL().predictor.models != routerbench["models"]
 
 
 def test_by_default_the_policy_is_the_agent_for_engines_and_never_sheds() -> None:
@@ -133,11 +134,11 @@ def test_routes_naming_the_same_files_load_each_graph_once(tmp_path: Path) -> No
     assert (a.latency, b.latency, c.latency) == (0.030, 0.050, 0.030)
     assert a._features is not b._features  # each route keeps its own feature cache
 
-    lone = tmp_path / "lone"  # its own actor, and the predictor the gateway ships
+    lone = tmp_path / "lone"  # its own actor, and RouterDC's predictor, as the engines'
     lone.mkdir()
     shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
-    d, shipped = load(lone), load()
-    assert d._session is not a._session and d.predictor is shipped.predictor is not a.predictor
+    d, engines = load(lone), load(MODEL_ROOT / "routerdc" / "engines")
+    assert d._session is not a._session and d.predictor is engines.predictor is not a.predictor
 
     rewritten = (folder / "actor.onnx").read_bytes()  # new files, new sessions
     (folder / "actor.onnx").unlink()
@@ -360,7 +361,7 @@ def test_an_actor_trained_with_the_prior_is_always_served_with_it(tmp_path: Path
     from edgeroute.qos.config import read_record
     from edgeroute.qos.export import export_actor, load_actor
 
-    run = DEFAULT_MODEL_DIR / "runs" / "full-s3"
+    run = DEFAULT_MODEL_DIR / "runs" / "full-s2"
     actor = load_actor(run / "actor.onnx", read_record(run)["config"])
     for name, prior in (("trained", True), ("plain", False)):
         (tmp_path / name).mkdir()

@@ -148,7 +148,10 @@ def test_rebuilt_runs_name_both_commits() -> None:
     )
 
 
-@pytest.mark.parametrize("folder", [MODEL_ROOT, MODEL_ROOT / "routerdc", DEFAULT_MODEL_DIR])
+@pytest.mark.parametrize(
+    "folder",
+    [MODEL_ROOT, MODEL_ROOT / "routerdc", MODEL_ROOT / "routerdc" / "engines", DEFAULT_MODEL_DIR],
+)
 def test_a_card_names_the_command_that_trained_each_run_and_the_actor_it_ships(
     folder: Path,
 ) -> None:
