@@ -300,7 +300,7 @@ def test_a_spec_naming_no_model_serves_the_agent_trained_for_engines(
     start_worker: Start, start_gateway: Start
 ) -> None:
     """`policy: qos_drl` alone serves the shipped agent for engines that queue rather
-    than refuse (`models/qos/routerdc/engines`, trained without the drop action): with
+    than refuse (`models/qos/routerdc/expected-read`, trained without the drop action): with
     every engine already holding streams it still routes every request, and sheds none.
     Its twin, an actor that drops, sheds with a 503 (the test below)."""
     backends = []
