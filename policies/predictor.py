@@ -128,8 +128,8 @@ class ScorePredictor:
 def predictor_dir(model_dir: Path) -> Path:
     """Where the predictor of the actor in `model_dir` is: beside it, else in the
     nearest folder above that has one (a run in `<world>/runs/<run>/` or
-    `<world>/attempts/<set>/<run>/` trained with `<world>`'s), else the one the
-    gateway ships."""
+    `<world>/attempts/<set>/<run>/` trained with `<world>`'s), else RouterDC's
+    (`DEFAULT_PREDICTOR_DIR`, read for its top bucket)."""
     model_dir = model_dir.resolve()
     for folder in (model_dir, *model_dir.parents):
         if (folder / "predictor.onnx").exists():
@@ -157,7 +157,7 @@ class PredictedQuality:
 
 def predicted_quality(params: Mapping[str, Any]) -> PredictedQuality:
     """The scorer with the predictor in `params["model"]` (a folder, or one inside a
-    world whose folder has it: see `predictor_dir`), else the one the gateway ships."""
+    world whose folder has it: see `predictor_dir`), else RouterDC's (`DEFAULT_PREDICTOR_DIR`)."""
     check_params(params, ("model",))
     model = params.get("model")
     folder = predictor_dir(Path(model)) if model else DEFAULT_PREDICTOR_DIR

@@ -43,10 +43,11 @@ def test_an_actor_uses_the_predictor_of_the_model_folder_its_run_is_in(tmp_path:
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(MODEL_ROOT / "actor.onnx", lone / "actor.onnx")
-    assert QoSDRL().predictor.folder == DEFAULT_MODEL_DIR.resolve()  # its own, beside it
+    served = QoSDRL().predictor
+    assert served.folder == DEFAULT_MODEL_DIR.resolve()  # its own, beside it
     fallback = QoSDRL(lone).predictor
     assert fallback.folder == DEFAULT_PREDICTOR_DIR
-    assert fallback.models == QoSDRL().predictor.models != routerbench["models"]
+    assert fallback.models == served.models != routerbench["models"]
 
 
 def test_by_default_the_policy_is_the_agent_for_engines_and_never_sheds() -> None:
