@@ -381,6 +381,12 @@ def cmd_qos_rebuilt(args: argparse.Namespace) -> None:
             f"{found.best[0]:.4f} committed, {found.best[1]:.4f} rebuilt)"
             + ("; record replaced by the rebuild's" if args.adopt and found.same else "")
         )
+        if not found.same and found.same_processor is not True:
+            old, new = (p or "not recorded" for p in found.processors)
+            print(
+                f"  trained on {old}, rebuilt on {new}: weights are equal only on the same "
+                "kind of processor; compare the two runs' metrics instead (bench qos)"
+            )
     if differ:
         raise SystemExit(1)
 

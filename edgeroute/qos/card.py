@@ -23,6 +23,7 @@ from edgeroute.qos.config import (
     read_record,
     recorded_runs,
 )
+from edgeroute.qos.rebuild import compare, processor
 from edgeroute.results_io import RESULTS, git, save_figure
 from edgeroute.sim.edge import HELD_OUT_HARDWARE, TRAIN_HARDWARE, Fleet, load_tasks
 from edgeroute.stats import crossed_interval, interval, interval_shown, verdict
@@ -123,6 +124,48 @@ def runs_table(runs: dict[str, dict[str, Any]]) -> list[str]:
             + f" | {run['onnx_parity_max_abs']:.1e} |"
         )
     return lines
+
+
+NOT_RECORDED = "not recorded (records name it since 2026-12-05)"
+
+
+def rebuild_section(model_dir: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """How the runs are rebuilt, what each was trained on, and how the rebuilds in
+    `model_dir/rebuild/` (runs of the same names) compare (`edgeroute.qos.rebuild`)."""
+    trained_on: dict[str, list[str]] = {}
+    for name, run in runs.items():
+        trained_on.setdefault(processor(run) or NOT_RECORDED, []).append(name)
+    lines = [
+        "## Rebuilding",
+        "",
+        "- `edgeroute train qos` with a run's command above trains it again, and",
+        "  `edgeroute train qos-rebuilt RUNS REBUILT` says whether that is the same run (actor",
+        "  weights, config and every evaluation equal). That holds on the kind of processor",
+        "  that trained it: on another, the kernels round the first steps' sums differently",
+        "  in the last digit and SAC makes another run of it, to be judged by its metrics",
+        "  against the runs' intervals (`bench qos`), not by its weights.",
+        *(f"- Processor {where}: {', '.join(names)}." for where, names in trained_on.items()),
+    ]
+    rebuilt = [
+        (n, model_dir / "rebuild" / n)
+        for n in runs
+        if (model_dir / "rebuild" / n / RECORD).exists()
+    ]
+    if rebuilt:
+        lines += [
+            "",
+            "Rebuilds in `rebuild/`:",
+            "",
+            "| run | rebuilt at | rebuilt on | the same run | best eval QoS, committed / rebuilt |",
+            "|---|---|---|---|---|",
+        ]
+        for name, folder in rebuilt:
+            found = compare(model_dir / "runs" / name, folder)
+            lines.append(
+                f"| {name} | `{read_record(folder)['commit']}` | {found.processors[1] or NOT_RECORDED} "
+                f"| {'yes' if found.same else 'no'} | {found.best[0]:.4f} / {found.best[1]:.4f} |"
+            )
+    return [*lines, ""]
 
 
 def plot_curves(runs: dict[str, dict[str, Any]], out: Path) -> None:
@@ -381,6 +424,7 @@ def card_text(
         "policy, where the record has them: the argmax curve can dip where the policy has",
         "not, when its most likely action sends most requests to one expert).",
         "",
+        *rebuild_section(model_dir, runs),
     ]
     flag = quality_flag(quality)
     for path in sim or [RESULTS / f"qos{suffix}.json"]:

@@ -5,6 +5,12 @@ run is the same run when its actor's weights equal the committed actor's, its co
 equals the record's, and every argmax evaluation equals the record's to the last
 digit. Then the committed record may be replaced by the rebuild's, which can carry what
 the code measures now (the evaluation by draws, `qos_drawn`); the committed actor stays.
+
+That equality holds only on the kind of processor that trained the run: another one's
+kernels round the first steps' sums differently in the last digit, and SAC carries the
+difference into another run (docs/research.md, (199)). Records name their processor
+(`train.training_machine`, since 2026-12-05); across processors a rebuild is judged by
+its metrics, inside the runs' intervals (`bench qos`), not by its weights.
 """
 
 from __future__ import annotations
@@ -34,10 +40,28 @@ class Comparison:
     history: bool  # every evaluation equal but for its timing and its draws
     config: bool  # every setting the committed record names equal in the rebuild's
     best: tuple[float, float]  # best evaluation: committed, rebuilt
+    processors: tuple[str | None, str | None] = (None, None)  # `processor`: committed, rebuilt
 
     @property
     def same(self) -> bool:
         return self.weights and self.history and self.config
+
+    @property
+    def same_processor(self) -> bool | None:
+        """Whether both runs were trained on one kind of processor; None when a record
+        does not say."""
+        old, new = self.processors
+        return None if old is None or new is None else old == new
+
+
+def processor(record: dict[str, Any]) -> str | None:
+    """The processor a record's run was trained on and the instructions its kernels
+    used ("Intel(R) Xeon(R) Processor, AVX512"), or None for a record from before
+    records named it."""
+    found = record.get("machine")
+    if not found:
+        return None
+    return f"{found['cpu']}, {found.get('cpu_capability', 'instructions not recorded')}"
 
 
 def _weights(actor: Path) -> dict[str, np.ndarray]:
@@ -61,6 +85,7 @@ def compare(committed: Path, rebuilt: Path) -> Comparison:
         history=_evaluations(old) == _evaluations(new),
         config=config,
         best=(old["best_eval_qos"], new["best_eval_qos"]),
+        processors=(processor(old), processor(new)),
     )
 
 

@@ -36,7 +36,7 @@ from edgeroute.qos.config import (
 from edgeroute.qos.evaluate import Policy, evaluate, shortest_queue
 from edgeroute.qos.export import export_actor, parity
 from edgeroute.qos.sac import SAC, Replay, stack
-from edgeroute.results_io import git
+from edgeroute.results_io import git, machine
 from edgeroute.sim.edge import (
     HINDSIGHT,
     QUALITY_MODELS,
@@ -237,6 +237,14 @@ def source_commit() -> str:
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def training_machine() -> dict[str, Any]:
+    """What a run was trained on (`results_io.machine`, and the vector instructions
+    torch's kernels chose): SAC turns the last-digit rounding of one processor's kernels
+    against another's into another run, so a rebuild is bit for bit only on the same
+    kind (`edgeroute.qos.rebuild`)."""
+    return {**machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def _save(obj: object, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -400,6 +408,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         "seconds": round(time.time() - started, 1),
         "steps_per_second": round(step / (time.time() - started), 1),
         "time_share": shares,
+        "machine": training_machine(),
     }
     write_record(out, result)
     print("time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))

@@ -148,6 +148,31 @@ def test_rebuilt_runs_name_both_commits() -> None:
     )
 
 
+def test_the_rebuild_section_names_each_runs_processor_and_judges_the_rebuilds(
+    tmp_path: Path,
+) -> None:
+    from tests.edgeroute.qos.test_rebuild import EPYC, XEON, write_run
+
+    write_run(tmp_path / "runs" / "full-s0", machine=EPYC)
+    write_run(tmp_path / "runs" / "full-s1", machine=EPYC)
+    write_run(tmp_path / "runs" / "dsa-s0")
+    write_run(tmp_path / "rebuild" / "full-s0", qos=(0.31, 0.41), machine=XEON, commit="bbbbbbb")
+    write_run(tmp_path / "rebuild" / "full-s1", machine=EPYC)
+    write_run(tmp_path / "rebuild" / "other-s0")  # no committed run of that name: left out
+    runs = card.runs_of(tmp_path / "runs")
+    text = "\n".join(card.rebuild_section(tmp_path, runs))
+    assert "- Processor AMD EPYC 7B13, AVX2: full-s0, full-s1." in text
+    assert f"- Processor {card.NOT_RECORDED}: dsa-s0." in text
+    rows = [line for line in text.splitlines() if line.startswith("| full-s")]
+    assert rows == [
+        "| full-s0 | `bbbbbbb` | Intel(R) Xeon(R) Processor, AVX512 | no | 0.4200 / 0.4100 |",
+        "| full-s1 | `aaaaaaa` | AMD EPYC 7B13, AVX2 | yes | 0.4200 / 0.4200 |",
+    ]
+    assert "other-s0" not in text
+    # Without rebuilds, no table.
+    assert "| run |" not in "\n".join(card.rebuild_section(tmp_path / "runs", runs))
+
+
 @pytest.mark.parametrize(
     "folder",
     [MODEL_ROOT, MODEL_ROOT / "routerdc", MODEL_ROOT / "routerdc" / "engines", DEFAULT_MODEL_DIR],

@@ -128,6 +128,10 @@ def test_a_run_whose_critic_alone_reads_the_load_serves_an_actor_without_it(
 ) -> None:
     result = train(tiny(critic_arrival_rate=True), DATA_DIR, tmp_path)
     assert result["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
+    # The record names the processor (rebuilds are bit for bit only on the same kind).
+    assert read_record(tmp_path)["machine"]["cpu_capability"] == (
+        torch.backends.cpu.get_cpu_capability()
+    )
     session = ort.InferenceSession(str(tmp_path / "actor.onnx"))
     assert "load" not in {i.name for i in session.get_inputs()}
     critic = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["sac"]["critic"]

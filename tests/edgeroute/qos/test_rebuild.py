@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeroute.qos import rebuild
+from edgeroute.qos.config import read_record
 
 WEIGHTS = np.array([[0.25, -1.5], [3.0, 0.125]], np.float32)
 
@@ -132,10 +133,28 @@ def test_the_command_says_which_runs_differ_and_exits_1(tmp_path: Path) -> None:
 
     r = run(str(tmp_path / "runs"), str(tmp_path / "rebuilt"), "--adopt")
     assert r.returncode == 1, r.stderr
-    dsa, full = r.stdout.strip().splitlines()
+    dsa, full, hint = r.stdout.strip().splitlines()
     assert dsa.startswith("dsa-s0: the same run") and dsa.endswith("replaced by the rebuild's")
     assert full.startswith("full-s0: another run") and "evaluations equal: False" in full
+    # Neither record names its processor, so the difference may be the processor's.
+    assert hint.strip().startswith("trained on not recorded, rebuilt on not recorded")
     assert "qos_drawn" in (tmp_path / "runs" / "dsa-s0" / "training.json").read_text()
     assert "qos_drawn" not in (tmp_path / "runs" / "full-s0" / "training.json").read_text()
     r = run(str(tmp_path / "runs" / "dsa-s0"), str(tmp_path / "rebuilt" / "dsa-s0"))
     assert r.returncode == 0 and r.stdout.startswith("dsa-s0: the same run"), r.stderr
+
+
+XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}
+EPYC = {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2"}
+
+
+def test_a_comparison_names_each_runs_processor(tmp_path: Path) -> None:
+    old = write_run(tmp_path / "old", machine=EPYC)
+    assert rebuild.processor(read_record(old)) == "AMD EPYC 7B13, AVX2"
+    across = rebuild.compare(old, write_run(tmp_path / "xeon", qos=(0.3, 0.4), machine=XEON))
+    assert not across.same and across.same_processor is False
+    assert across.processors == ("AMD EPYC 7B13, AVX2", "Intel(R) Xeon(R) Processor, AVX512")
+    alike = rebuild.compare(old, write_run(tmp_path / "epyc", machine=EPYC))
+    assert alike.same and alike.same_processor is True
+    unknown = rebuild.compare(write_run(tmp_path / "before"), old)
+    assert unknown.processors == (None, "AMD EPYC 7B13, AVX2") and unknown.same_processor is None
