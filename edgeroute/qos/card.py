@@ -274,14 +274,26 @@ def _counting_runs(agent: dict[str, Any], best: dict[str, Any]) -> str:
     return f"{interval_shown(*ci)} | {verdict(ci, interval(best['per_seed_qos']))}"
 
 
+def _seeds(cfg: dict[str, Any]) -> str:
+    seeds = cfg.get("seeds")
+    return f"; seeds {seeds[0]}-{seeds[-1]}" if isinstance(seeds, list) and seeds else ""
+
+
 def _live_section(path: Path, source: str) -> list[str]:
     """The card's table of a `bench qos --live` results file; nothing if there is none."""
     live = _json(path)
     if not live:
         return []
+    cfg = live.get("config", {})
+    setting = ", ".join(
+        f"{name} {cfg[key]:g}"
+        for key, name in (("engines", "N ="), ("rate", "lambda ="), ("latency_ms", "L (ms) ="))
+        if cfg.get(key) is not None
+    )
     lines = [
         f"## Live, through the gateway ({source})",
         "",
+        *([f"Setting: {setting}{_seeds(cfg)}.", ""] if setting else []),
         "| policy | QoS | met L | drops | requests |",
         "|---|---|---|---|---|",
     ]

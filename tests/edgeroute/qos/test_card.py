@@ -239,3 +239,15 @@ def test_the_simulation_table_judges_each_agent_over_the_seeds_and_counting_runs
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[1:]]
     assert cells[0][5] == "wins" and cells[0][7] == "tie"
     assert cells[1][5] == "wins" and cells[1][6:] == ["", ""]
+
+
+def test_a_live_section_names_its_setting(tmp_path: Path) -> None:
+    row = {"policy": "RR", "qos_ci": "0.1 ± 0.01", "met_share_ci": "0.3", "drop_rate": 0.0}
+    config = {"engines": 6, "rate": 8.0, "latency_ms": 30.0, "seeds": [3911, 3912, 3920]}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({"config": config, "results": [{**row, "requests": 10}]}))
+    lines = card._live_section(path, "a run")
+    assert "Setting: N = 6, lambda = 8, L (ms) = 30; seeds 3911-3920." in lines
+    # a file from before its config named them keeps the table alone
+    path.write_text(json.dumps({"results": [{**row, "requests": 10}]}))
+    assert not any(line.startswith("Setting") for line in card._live_section(path, "a run"))
