@@ -170,7 +170,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = command("policies", help="decision time per policy for 8/64/512 backends")
     common(p)
     p.set_defaults(func=lambda a: _policies(a))
-    i = command("idle", help="the QoS decision after the core idled, with and without warm-ups")
+    i = command(
+        "idle",
+        help="the QoS decision after the core idled (with and without warm-ups) or its caches were evicted",
+    )
     common(i)
     i.set_defaults(func=lambda a: _idle(a))
     o = command("overhead", help="what the gateway adds in front of a fast backend")

@@ -1,4 +1,5 @@
-"""The QoS decision after the core has idled, with and without warm-ups.
+"""The QoS decision after the core has idled (with and without warm-ups) or its caches
+were evicted.
 
 `edgeroute bench idle`, in two parts. In a loop: `qos_drl` on 12 experts with full
 queues (the views of `bench policies`), one decision after each idle gap of 0 to 20
