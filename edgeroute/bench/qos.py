@@ -4,8 +4,9 @@ Every trained agent is the gateway's own `qos_drl` policy object (its ONNX actor
 predictor, onnxruntime), driven through the `ClusterView` the gateway builds
 (`edgeroute.qos.evaluate.served`), on the same arrivals and seeds as BR (the
 BERT-router baseline: best predicted score), RR, SQF, SQF with ties broken by the
-predicted score, and the gateway's `least_load`; and, as a reference that is no
-contender, SQF with ties broken by the true score.
+predicted score, and the gateway's `least_load`; and, as references that are no
+contenders, SQF with ties broken by the true score and a ceiling no policy can pass
+(`edgeroute.qos.bound`).
 Predictions are the served predictor's real outputs, and the prompts are the
 evaluation split, which neither the predictor nor the agent trained on. Settings: the
 paper's default (N=6, lambda=5, L=30 ms), sweeps of N, lambda and L, and arrivals from
@@ -19,7 +20,7 @@ import json
 import re
 import shlex
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from edgeroute.bench.policies import measure_qos_drl
+from edgeroute.qos.bound import contention_free
 from edgeroute.qos.config import (
     DEFAULT_LATENCY_MS,
     DEFAULT_RATE,
@@ -41,7 +43,7 @@ from edgeroute.qos.config import (
     trained_latencies,
     trained_rates,
 )
-from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, evaluate, served
+from edgeroute.qos.evaluate import BASELINES, REFERENCES, Policy, Score, evaluate, served
 from edgeroute.results_io import output_dir, recorded, save_figure, table, write
 from edgeroute.sim.edge import (
     QUALITY_MODELS,
@@ -71,6 +73,16 @@ from edgeroute.stats import (
 from policies import PipelineSpec, build_pipeline
 from policies.predictor import load_predictor, predictor_dir
 from policies.qos_drl import load
+
+# Not a policy: each request's best QoS alone, by the truth (`edgeroute.qos.bound`).
+BOUND = "bound (truth, no contention)"
+Measure = Callable[[EdgeEnv, list[int]], Score]  # an episode per seed, scored
+
+
+def scoring(policy: Policy) -> Measure:
+    """How a policy is measured: `evaluate` it."""
+    return lambda env, seeds: evaluate(env, policy, seeds)
+
 
 PAPER_CLAIM = "the full agent beats Baseline RL by 35.78% on average QoS, and every baseline"
 
@@ -409,15 +421,16 @@ def main(
     base, predictor_flag = predictor_named(base, quality, predictor)
     result_name, model_flags = agents_named(base, given, serving)
     refuse_other_serving(result_name, serving, quick)
-    fixed = {k: [v] for k, v in heuristics(quality, predictor).items()}
-    fixed.update({k: [v] for k, v in REFERENCES.items()})
+    fixed = {k: [scoring(v)] for k, v in heuristics(quality, predictor).items()}
+    fixed.update({k: [scoring(v)] for k, v in REFERENCES.items()})
+    fixed[BOUND] = [contention_free]
 
     # An agent normalises its features by the latency target it serves, so each
     # setting's L gets its own policy for every run (as a gateway configured for it),
     # all of them sharing the run's actor session and the run's predictor session.
-    def policies_at(latency_ms: float) -> dict[str, list[Policy]]:
+    def policies_at(latency_ms: float) -> dict[str, list[Measure]]:
         agents = {
-            n: [served(load(d, latency_ms, **serving.get(n, {}))) for d in dirs]
+            n: [scoring(served(load(d, latency_ms, **serving.get(n, {})))) for d in dirs]
             for n, dirs in models.items()
         }
         return {**fixed, **agents}
@@ -465,8 +478,8 @@ def main(
         at = trace_seeds if kw.get("arrivals") else seeds
         for name, runs in policies_at(kw.get("latency_ms", DEFAULT_LATENCY_MS)).items():
             per_run = [
-                [evaluate(sweep.env(k, **kw), policy, [one_seed]) for k, one_seed in enumerate(at)]
-                for policy in runs
+                [measure(sweep.env(k, **kw), [one_seed]) for k, one_seed in enumerate(at)]
+                for measure in runs
             ]
             scores = [x for run in per_run for x in run]
             # The sample is the environment seed: an agent's training runs on one seed
@@ -478,7 +491,7 @@ def main(
                     "setting": label,
                     "policy": name if len(runs) == 1 else f"{name} ({len(runs)} seeds)",
                     "agent": name in models,
-                    "reference": name in REFERENCES,
+                    "reference": name in REFERENCES or name == BOUND,
                     "qos": interval(qos)[0],
                     "qos_ci": shown(qos),
                     "latency_ms": statistics.fmean(x.latency_ms for x in scores),
@@ -563,7 +576,12 @@ def main(
         "not only these runs. "
         "`SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
-        "perfect predictions, against `SQF+predicted` with the served ones."
+        "perfect predictions, against `SQF+predicted` with the served ones. "
+        f"`{BOUND}` is no policy but a ceiling on every policy's QoS "
+        "(`edgeroute.qos.bound`): each request's best real score over the experts "
+        "where its latency per token alone (no queue, no batch, its prompt cached if "
+        "the world caches) meets L; its latency is that alone, its drop rate the share "
+        "of requests no expert could serve above 0 even so."
         + (
             ""
             if scrape_ms is None

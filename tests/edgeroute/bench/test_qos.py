@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from edgeroute.bench.qos import (
+    BOUND,
     Physics,
     agents_named,
     judge,
@@ -190,6 +191,25 @@ def test_engine_hardware_puts_every_point_on_the_live_engines(
     assert len(built) == 2 * 2 * len({r["policy"] for r in run["results"]})
     notes = (output_dir(True) / "qos_routerdc_engine-hw_seeds-2_shipped.md").read_text()
     assert "Hardware is, at every point (`--engine-hardware`), the six engine profiles" in notes
+
+
+@needs_data("the RouterDC data")
+def test_every_point_has_the_contention_free_bound_above_every_policy(tmp_path: Path) -> None:
+    """The bound is a reference row at every point: on every seed at least every
+    policy's QoS, the agent's included, and never taken for the best baseline."""
+    agent = {"shipped": [MODEL_ROOT / "routerdc"]}
+    out = tmp_path / "bound.json"
+    main(True, 1, str(out), agent, None, quality="routerdc", hardware="engines", n_seeds=2)
+    run = json.loads(out.read_text())
+    for setting in ("default", "azure trace"):
+        here = {r["policy"]: r for r in run["results"] if r["setting"] == setting}
+        assert judge(list(here.values()))["policy"] not in (BOUND, "shipped")
+        bound = here.pop(BOUND)
+        assert bound["reference"] and not bound["agent"]
+        assert max(bound["per_seed_qos"]) > 0
+        for name, row in here.items():
+            for mine, ceiling in zip(row["per_seed_qos"], bound["per_seed_qos"], strict=True):
+                assert mine <= ceiling, (setting, name)
 
 
 @needs_data("the RouterDC data")
