@@ -674,8 +674,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     except ImportError:
         return
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(settings) * 0.9), 4))
+    policies = list(dict.fromkeys(r["policy"] for r in rows if r["policy"] != BOUND))
+    fig, ax = plt.subplots(figsize=(max(8, len(settings) * 0.9) + 3, 4))
     width = 0.8 / len(policies)
     for i, p in enumerate(policies):
         vals = [
@@ -691,8 +691,20 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
             hatch="//" if reference else None,
             fill=not reference,
         )
+    # the ceiling over each setting's bars, a line rather than a bar: no policy's
+    bounds = {r["setting"]: r["qos"] for r in rows if r["policy"] == BOUND}
+    for i, s in enumerate(settings):
+        if s in bounds:
+            ax.hlines(
+                bounds[s],
+                i - width / 2,
+                i + 0.8 - width / 2,
+                colors="black",
+                linewidths=2,
+                label=BOUND if i == 0 else None,
+            )
     ax.set_xticks(np.arange(len(settings)) + 0.4, settings, rotation=30, fontsize=8)
     ax.set_ylabel("average QoS")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     save_figure(fig, out)
