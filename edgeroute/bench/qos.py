@@ -692,17 +692,17 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
             fill=not reference,
         )
     # the ceiling over each setting's bars, a line rather than a bar: no policy's
-    bounds = {r["setting"]: r["qos"] for r in rows if r["policy"] == BOUND}
-    for i, s in enumerate(settings):
-        if s in bounds:
-            ax.hlines(
-                bounds[s],
-                i - width / 2,
-                i + 0.8 - width / 2,
-                colors="black",
-                linewidths=2,
-                label=BOUND if i == 0 else None,
-            )
+    bounds = {settings.index(r["setting"]): r["qos"] for r in rows if r["policy"] == BOUND}
+    if bounds:
+        at = np.array(list(bounds))
+        ax.hlines(
+            list(bounds.values()),
+            at - width / 2,
+            at + 0.8 - width / 2,
+            colors="black",
+            linewidths=2,
+            label=BOUND,
+        )
     ax.set_xticks(np.arange(len(settings)) + 0.4, settings, rotation=30, fontsize=8)
     ax.set_ylabel("average QoS")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
