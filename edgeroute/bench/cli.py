@@ -381,6 +381,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the policies see the experts as the gateway does, from scrapes of the "
         "engines' metrics this many ms apart (default: exactly); results of their own",
     )
+    qi.add_argument(
+        "--predictor",
+        type=Path,
+        help="the folder of the predictor every policy reads (default: the quality "
+        "world's); agents must have trained with it",
+    )
+    qi.add_argument(
+        "--settings",
+        type=lambda text: text.split(","),
+        metavar="LABEL,...",
+        help="the sweep points measured, as bench qos labels them (default, N=12, "
+        "lambda=8, L=40ms, ...); default: the six-expert ones, the default and the "
+        "sweeps of lambda and L; results of their own",
+    )
     qi.set_defaults(func=lambda a: _qos_impact(a))
     qs = command(
         "qos-shares", help="where each policy sends requests on the engines, and what it earns"
@@ -850,7 +864,18 @@ def _qos_impact(a: argparse.Namespace) -> None:
     refused = _hardware_refused(a)
     if refused:
         raise SystemExit(f"edgeroute bench qos-impact: {refused}")
-    main(a.quick, a.seed, a.json, agents, a.quality, fleet_from(a), hardware_from(a), a.scrape_ms)
+    main(
+        a.quick,
+        a.seed,
+        a.json,
+        agents,
+        a.quality,
+        fleet_from(a),
+        hardware_from(a),
+        a.scrape_ms,
+        a.predictor,
+        a.settings,
+    )
 
 
 def model_runs(given: list[str]) -> dict[str, list[Path]]:

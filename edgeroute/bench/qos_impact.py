@@ -22,13 +22,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import Hardware, agents_named, scrape_named, trained_runs, variant_named
-from edgeroute.qos.config import (
-    SWEEP_POINTS,
-    quality_dir,
-    quality_flag,
-    quality_suffix,
+from edgeroute.bench.qos import (
+    Hardware,
+    agents_named,
+    predictor_named,
+    run_predictor,
+    scrape_named,
+    trained_runs,
+    variant_named,
 )
+from edgeroute.qos.config import SWEEP_POINTS, Point, quality_flag, quality_suffix
 from edgeroute.qos.evaluate import BASELINES, Policy, served
 from edgeroute.results_io import recorded, write
 from edgeroute.sim.edge import (
@@ -47,6 +50,18 @@ from policies.predictor import load_predictor
 from policies.qos_drl import load
 
 ESTIMATORS: tuple[Impact, ...] = ("reached", "pushed")
+
+
+def points_named(labels: list[str] | None) -> list[Point]:
+    """The sweep points of `labels` (as `bench qos` names them: "default", "N=12",
+    "L=40ms"), in the sweep's order; by default those of six experts, the default and
+    the sweeps of lambda and L."""
+    if labels is None:
+        return [p for p in SWEEP_POINTS if p.n == 6]
+    known = {p.label for p in SWEEP_POINTS}
+    if unknown := [x for x in labels if x not in known]:
+        raise SystemExit(f"no sweep point {', '.join(unknown)}: one of {', '.join(sorted(known))}")
+    return [p for p in SWEEP_POINTS if p.label in labels]
 
 
 def trajectory(env: EdgeEnv, policy: Policy, seed: int) -> list[dict[str, float]]:
@@ -104,23 +119,27 @@ def main(
     fleet: Fleet = Fleet(),
     hardware: Hardware = "seed-0",
     scrape_ms: float | None = None,
+    predictor: Path | None = None,
+    settings: list[str] | None = None,
 ) -> None:
     """`models`: agents whose trajectories are measured, first run of each; by default
     the quality world's full and dsa runs. SQF's trajectory is measured too. `fleet`:
     how the experts are drawn (the paper's by default); `hardware`: every seed on
     hardware seed 0, environment seed k on the k-th held-out draw, or every seed on the
-    live run's six engines. `scrape_ms`: the policies see the experts from scrapes that
-    far apart (as `bench qos`'s option), else exactly."""
+    live run's engines (N of them, cycled). `scrape_ms`: the policies see the experts
+    from scrapes that far apart (as `bench qos`'s option), else exactly. `predictor`:
+    the folder of the predictor every policy reads (as `bench qos`'s option).
+    `settings`: the sweep points measured, by label (`points_named`)."""
     from workers.quality import default_data_dir
 
     tasks = load_tasks(default_data_dir(), split="eval", quality=quality)
-    predictor = ServedPredictor(load_predictor(quality_dir(quality)))
     runs = models or {k: v for k, v in trained_runs(quality).items() if k in ("full", "dsa")}
+    read_from = run_predictor(quality, predictor, runs)
+    served_predictor = ServedPredictor(load_predictor(read_from))
     seeds = [seed + 100 + i for i in range(1 if quick else 5)]
     drawn = [held_out_hardware(k) if hardware == "held-out" else 0 for k in range(len(seeds))]
     episode = 256 if quick else 512
-    # the default and the sweeps of lambda and L: the fleet stays six experts
-    points = [p for p in SWEEP_POINTS if p.n == 6][: 1 if quick else None]
+    points = points_named(settings)[: 1 if quick else None]
     rows: list[dict[str, Any]] = []
     for point in points:
         label, rate, latency_ms = point.label, point.rate, point.latency_ms
@@ -130,14 +149,16 @@ def main(
             decisions = []
             for s, hw in zip(seeds, drawn, strict=True):
                 env = EdgeEnv(
-                    engine_experts(QUALITY_MODELS[quality])
+                    engine_experts(QUALITY_MODELS[quality], point.n)
                     if hardware == "engines"
-                    else default_experts(6, seed=hw, models=QUALITY_MODELS[quality], fleet=fleet),
+                    else default_experts(
+                        point.n, seed=hw, models=QUALITY_MODELS[quality], fleet=fleet
+                    ),
                     tasks,
                     rate=rate,
                     latency_req=latency_ms / 1000,
                     episode_len=episode,
-                    predictor=predictor,
+                    predictor=served_predictor,
                     reward="qos",  # the penalties are read in `trajectory`, not from `step`
                     impact="hindsight",
                     scrape=None if scrape_ms is None else scrape_ms / 1000,
@@ -180,6 +201,12 @@ def main(
         "qos_impact" + quality_suffix(quality) + fleet.suffix(), scrape_ms
     )
     base, hardware_flag = variant_named(base, hardware=hardware)
+    base, predictor_flag = predictor_named(base, quality, read_from)
+    settings_flag = ""
+    if settings is not None:
+        shown_settings = ",".join(p.label for p in points_named(settings))
+        base += "_" + shown_settings.replace(",", "_").replace("=", "-")
+        settings_flag = f" --settings {shown_settings}"
     name, model_flags = agents_named(base, models)
     write(
         name,
@@ -190,6 +217,8 @@ def main(
             + fleet.flags()
             + scrape_flag
             + hardware_flag
+            + predictor_flag
+            + settings_flag
             + model_flags,
             "models": {k: recorded(v[0]) for k, v in runs.items()},
             "seeds": seeds,
@@ -218,12 +247,13 @@ def main(
         ],
         json_path,
         notes=(
-            "Per routed decision along each policy's own trajectory (N=6, "
+            "Per routed decision along each policy's own trajectory (N as each setting "
+            "says, 6 by default; "
             + {
                 "seed-0": f"hardware seed 0; {fleet.describe()}",
                 "held-out": f"hardware seeds {drawn[0]}-{drawn[-1]}, one per environment "
                 f"seed; {fleet.describe()}",
-                "engines": "the six engine profiles of `bench qos --live`",
+                "engines": "the six engine profiles of `bench qos --live`, N of them cycled",
             }[hardware]
             + (
                 ""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from edgeroute.bench.qos_impact import main, summary, trajectory
+from edgeroute.bench.qos_impact import main, points_named, summary, trajectory
 from edgeroute.qos.evaluate import BASELINES
 from edgeroute.sim.edge import EdgeEnv, EdgeExpert, NoisyOracle, Task
+from policies.predictor import MODEL_ROOT
 from tests.support import needs_data
 
 
@@ -87,3 +89,57 @@ def test_each_hardware_puts_the_trajectories_there(tmp_path: Path) -> None:
         assert all(r["room"] >= 0 and 0 <= r["room_share"] <= 1 for r in rows)
         assert all(r["room_hindsight"] >= 0 and 0 <= r["room_hindsight_share"] <= 1 for r in rows)
         assert all(r["mean_shared"] >= 0 for r in rows)
+
+
+@needs_data("the RouterDC data")
+def test_settings_pick_sweep_points_with_their_own_fleet_size_and_predictor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--settings N=12` measures that point alone on twelve engines, with agents read
+    through the predictor they trained with (`--predictor`); the command says both."""
+    from edgeroute.sim.edge import Fleet, engine_experts
+
+    built: list[int] = []
+
+    def engines(models: tuple[str, ...], n: int) -> Any:
+        built.append(n)
+        return engine_experts(models, n)
+
+    monkeypatch.setattr("edgeroute.bench.qos_impact.engine_experts", engines)
+    folder = MODEL_ROOT / "routerdc" / "expected-read"
+    path = tmp_path / "n12.json"
+    main(
+        True,
+        1,
+        str(path),
+        {"full": [folder]},
+        "routerdc",
+        Fleet(),
+        "engines",
+        1000.0,
+        folder,
+        ["N=12"],
+    )
+    run = json.loads(path.read_text())
+    assert {r["setting"] for r in run["results"]} == {"N=12"}
+    assert set(built) == {12}
+    command = run["config"]["command"]
+    assert "--predictor models/qos/routerdc/expected-read --settings N=12 " in command
+    with pytest.raises(SystemExit, match="no sweep point N=7"):
+        main(
+            True,
+            1,
+            None,
+            {"full": [folder]},
+            "routerdc",
+            Fleet(),
+            "engines",
+            1000.0,
+            folder,
+            ["N=7"],
+        )
+
+
+def test_by_default_the_points_are_the_six_expert_ones() -> None:
+    assert [p.n for p in points_named(None)] == [6] * len(points_named(None))
+    assert [p.label for p in points_named(["L=40ms", "default"])] == ["default", "L=40ms"]
