@@ -200,7 +200,7 @@ def main(
     base, scrape_flag = scrape_named(
         "qos_impact" + quality_suffix(quality) + fleet.suffix(), scrape_ms
     )
-    base, hardware_flag = variant_named(base, hardware=hardware)
+    base, hardware_flag = variant_named(base, seed, hardware)
     base, predictor_flag = predictor_named(base, quality, read_from)
     settings_flag = ""
     if settings is not None:

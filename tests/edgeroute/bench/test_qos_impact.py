@@ -96,7 +96,8 @@ def test_settings_pick_sweep_points_with_their_own_fleet_size_and_predictor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--settings N=12` measures that point alone on twelve engines, with agents read
-    through the predictor they trained with (`--predictor`); the command says both."""
+    through the predictor they trained with (`--predictor`); the command says both,
+    and the first seed."""
     from edgeroute.sim.edge import Fleet, engine_experts
 
     built: list[int] = []
@@ -110,7 +111,7 @@ def test_settings_pick_sweep_points_with_their_own_fleet_size_and_predictor(
     path = tmp_path / "n12.json"
     main(
         True,
-        1,
+        3,
         str(path),
         {"full": [folder]},
         "routerdc",
@@ -125,6 +126,8 @@ def test_settings_pick_sweep_points_with_their_own_fleet_size_and_predictor(
     assert set(built) == {12}
     command = run["config"]["command"]
     assert "--predictor models/qos/routerdc/expected-read --settings N=12 " in command
+    # the seeds it ran are those its command gives
+    assert "--engine-hardware --seed 3 " in command and run["config"]["seeds"] == [103]
     with pytest.raises(SystemExit, match="no sweep point N=7"):
         main(
             True,
