@@ -5,8 +5,9 @@ predictor, onnxruntime), driven through the `ClusterView` the gateway builds
 (`edgeroute.qos.evaluate.served`), on the same arrivals and seeds as BR (the
 BERT-router baseline: best predicted score), RR, SQF, SQF with ties broken by the
 predicted score, and the gateway's `least_load`; and, as references that are no
-contenders, SQF with ties broken by the true score and a ceiling no policy can pass
-(`edgeroute.qos.bound`).
+contenders, SQF with ties broken by the true score, a rule that keeps the experts able
+to meet L from overload by reading their time constants, and a ceiling no policy can
+pass (`edgeroute.qos.bound`).
 Predictions are the served predictor's real outputs, and the prompts are the
 evaluation split, which neither the predictor nor the agent trained on. Settings: the
 paper's default (N=6, lambda=5, L=30 ms), sweeps of N, lambda and L, and arrivals from
@@ -577,6 +578,12 @@ def main(
         "`SQF+truth` reads each model's real score on the request: it is "
         "not a contender (no router has it) but shows what the same rule gains from "
         "perfect predictions, against `SQF+predicted` with the served ones. "
+        "`protective, cap 2` reads the experts' time constants, which no router has: of "
+        "the experts where the request, at its predicted length, would meet L alone and "
+        "which hold fewer than 2 requests, it takes the one of the best predicted score, "
+        "and else sends the request to the slowest expert (where it scores 0 as a drop "
+        "would, taking no room from the others): what keeping the experts that can meet "
+        "L from overload is worth (`edgeroute.qos.evaluate.protective`). "
         f"`{BOUND}` is no policy but a ceiling on every policy's QoS "
         "(`edgeroute.qos.bound`): each request's best real score over the experts "
         "where its latency per token alone (no queue, no batch, its prompt cached if "

@@ -16,22 +16,12 @@ from __future__ import annotations
 import statistics
 
 from edgeroute.qos.evaluate import Score
-from edgeroute.sim.edge import EdgeEnv, EdgeExpert
+from edgeroute.sim.edge import EdgeEnv
+from edgeroute.sim.timeline import alone_latency
 
 # Rounding: the simulator sums iteration by iteration what `alone_latency` sums in
 # closed form, so the bound lets a latency this close above L count as met.
 SLACK = 1e-9
-
-
-def alone_latency(spec: EdgeExpert, prompt_tokens: int, length: int, cached: bool) -> float:
-    """A request's latency per output token on `spec` with nothing else there: its
-    prefill (one token if `cached`, else the whole prompt) in the first iteration, which
-    yields its first token, then one iteration per further token, each reading its
-    context so far."""
-    prefill = 1 if cached else prompt_tokens
-    context = (length - 1) * prompt_tokens + length * (length - 1) // 2
-    total = length * spec.base + spec.k1 * prefill + spec.k2 * context
-    return total / length
 
 
 def best_alone(env: EdgeEnv) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from edgeroute.sim.edge import EdgeEnv, Req, cluster_view
+from edgeroute.sim.timeline import alone_latency
 from policies.types import ClusterView, Decision, RequestInfo
 
 Policy = Callable[[EdgeEnv, int], int]  # (env, decision index) -> action
@@ -75,12 +76,40 @@ BASELINES: dict[str, Policy] = {
     # ties broken by the served predictor's score: quality-aware, as cheap as SQF
     "SQF+predicted": shortest_queue_by(lambda env, n: env.preds[n][0]),
 }
-# Not a contender: it reads each model's true score on the request, which no router
-# has. It shows what better predictions would be worth to the same rule.
+
+
+def protective(cap: int) -> Policy:
+    """Keep the experts that can meet L from overload: of those where the request, at
+    its predicted length, would meet L alone (`timeline.alone_latency`) and which hold
+    fewer than `cap` requests, the one of the best predicted score; when there is none,
+    the slowest expert, where the request scores 0 as a dropped one would but takes no
+    room from the others. It reads the experts' time constants, which no router has."""
+
+    def act(env: EdgeEnv, i: int) -> int:
+        room = [
+            n
+            for n, spec in enumerate(env.specs)
+            if queue_length(env, n) < cap
+            and alone_latency(spec, env.task.prompt_tokens, max(1, round(env.preds[n][1])), False)
+            <= env.L
+        ]
+        if not room:
+            return 1 + max(range(env.n), key=lambda n: env.specs[n].base)
+        return 1 + max(room, key=lambda n: env.preds[n][0])
+
+    return act
+
+
+# Not contenders. SQF+truth reads each model's true score on the request, which no
+# router has: what better predictions would be worth to the same rule. The protective
+# rule reads the experts' time constants: what keeping the experts that can meet L
+# from overload is worth (its cap of 2 picked on the Azure trace's first five windows
+# of the engines' fleet, docs/research.md (207)).
 REFERENCES: dict[str, Policy] = {
     "SQF+truth (reads the truth)": shortest_queue_by(
         lambda env, n: env.task.scores[env.specs[n].model]
     ),
+    "protective, cap 2 (reads the profiles)": protective(2),
 }
 
 

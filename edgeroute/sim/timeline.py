@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Engine", "Job", "finish_times", "fits", "iteration_end"]
+__all__ = ["Engine", "Job", "alone_latency", "finish_times", "fits", "iteration_end"]
 
 
 class Engine(Protocol):
@@ -42,6 +42,18 @@ def iteration_end(engine: Engine, start: float, prefill_tokens: int, context_tok
     """When an iteration begun at `start` ends: the prefill of the admitted requests and a
     decode step of the batch."""
     return start + engine.base + engine.k1 * prefill_tokens + engine.k2 * context_tokens
+
+
+def alone_latency(engine: Engine, prompt_tokens: int, length: int, cached: bool) -> float:
+    """A request's latency per output token on `engine` with nothing else there: its
+    prefill (one token if `cached`, else the whole prompt) in the first iteration, which
+    yields its first token, then one iteration per further token, each reading its
+    context so far. No batch or queue makes it sooner (others only add to an
+    iteration, a queue only delays it)."""
+    prefill = 1 if cached else prompt_tokens
+    context = (length - 1) * prompt_tokens + length * (length - 1) // 2
+    total = length * engine.base + engine.k1 * prefill + engine.k2 * context
+    return total / length
 
 
 def fits(engine: Engine, batch: int, used_tokens: int, tokens: int) -> bool:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 import random
 
-from edgeroute.qos.bound import alone_latency, best_alone, contention_free
+from edgeroute.qos.bound import best_alone, contention_free
 from edgeroute.qos.evaluate import Policy, episode, episode_qos, round_robin, shortest_queue
 from edgeroute.sim.edge import EdgeEnv, EdgeExpert, Task
+from edgeroute.sim.timeline import alone_latency
 
 FAST = EdgeExpert("a", base=0.012, k1=0.0001, k2=0.00002, memory_tokens=20_000, running_cap=8)
 MID = EdgeExpert("b", base=0.018, k1=0.00005, k2=0.00001, memory_tokens=20_000, running_cap=8)

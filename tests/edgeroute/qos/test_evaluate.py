@@ -3,6 +3,7 @@ predictions the served predictor really makes and prompts no model trained on.""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -10,12 +11,14 @@ import onnxruntime as ort
 import pytest
 
 from edgeroute.qos.config import best_predicted
-from edgeroute.qos.evaluate import evaluate, served
+from edgeroute.qos.evaluate import evaluate, protective, queue_length, served
 from edgeroute.sim.edge import (
     PREDICTOR_SHARE,
     EdgeEnv,
+    EdgeExpert,
     Fleet,
     ServedPredictor,
+    Task,
     cluster_view,
     default_experts,
     in_split,
@@ -213,3 +216,41 @@ def test_br_is_the_gateways_preset_and_breaks_ties_at_random() -> None:
         _, done = env.step(action)
         i += 1
     assert len({n for _, n in tied_picks}) > 1
+
+
+class _Says:
+    """Predicts model "b" answers better, and every answer 20 tokens long."""
+
+    def predict(self, task: Task, model: str, rng: random.Random) -> tuple[float, float]:
+        return (0.9 if model == "b" else 0.5), 20.0
+
+
+def test_the_protective_rule_keeps_its_cap_on_the_experts_that_meet_l_and_dumps_the_rest() -> None:
+    """Two experts that meet L alone (a, and b predicted better) and one that cannot (c,
+    the slowest): b takes what it has room for, then a, and once both hold their cap
+    every arrival goes to c; at a light load everything goes to b."""
+    fast_a = EdgeExpert("a", base=0.012, k1=0.0001, k2=0.00002, memory_tokens=20_000)
+    fast_b = replace(fast_a, model="b")
+    slow = EdgeExpert("c", base=0.05, k1=0.0001, k2=0.00002, memory_tokens=20_000)
+    task = Task("p", 100, {"a": 0.5, "b": 0.9, "c": 0.9}, {"a": 20, "b": 20, "c": 20})
+    rule = protective(2)
+    for rate, loaded in ((200.0, True), (0.5, False)):
+        env = EdgeEnv(
+            [fast_a, fast_b, slow], [task], rate=rate, seed=1, episode_len=40, predictor=_Says()
+        )
+        env.reset(1)
+        chosen = []
+        for i in range(40):
+            queues = [queue_length(env, n) for n in range(3)]
+            action = rule(env, i)
+            if queues[1] < 2:
+                assert action == 2
+            elif queues[0] < 2:
+                assert action == 1
+            else:
+                assert action == 3
+            chosen.append(action)
+            env.step(action)
+        assert (3 in chosen) == loaded and 2 in chosen
+        if not loaded:
+            assert set(chosen) == {2}
