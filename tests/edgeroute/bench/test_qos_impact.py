@@ -128,21 +128,10 @@ def test_settings_pick_sweep_points_with_their_own_fleet_size_and_predictor(
     assert "--predictor models/qos/routerdc/expected-read --settings N=12 " in command
     # the seeds it ran are those its command gives
     assert "--engine-hardware --seed 3 " in command and run["config"]["seeds"] == [103]
-    with pytest.raises(SystemExit, match="no sweep point N=7"):
-        main(
-            True,
-            1,
-            None,
-            {"full": [folder]},
-            "routerdc",
-            Fleet(),
-            "engines",
-            1000.0,
-            folder,
-            ["N=7"],
-        )
 
 
-def test_by_default_the_points_are_the_six_expert_ones() -> None:
+def test_by_default_the_points_are_the_six_expert_ones_and_a_label_must_be_known() -> None:
     assert [p.n for p in points_named(None)] == [6] * len(points_named(None))
     assert [p.label for p in points_named(["L=40ms", "default"])] == ["default", "L=40ms"]
+    with pytest.raises(SystemExit, match="no sweep point N=7"):
+        points_named(["N=7", "default"])
