@@ -405,6 +405,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     qs.add_argument(
         "--latency-ms", type=positive_ms, default=30.0, help="the latency target L per token"
     )
+    qs.add_argument(
+        "--trace",
+        type=Path,
+        help="arrivals from this Azure-format trace (its token counts, its instants "
+        "rescaled to --rate), seed k reading its k-th window; default: Poisson",
+    )
+    qs.add_argument(
+        "--predictor",
+        type=Path,
+        help="the folder of the predictor every policy reads (default: the quality "
+        "world's); agents must have trained with it",
+    )
     qs.set_defaults(func=lambda a: _qos_shares(a))
     qr = command(
         "qos-rollout",
@@ -888,7 +900,20 @@ def _qos_shares(a: argparse.Namespace) -> None:
     from edgeroute.bench.qos_shares import main
 
     runs = model_runs(a.model)
-    main(a.quick, a.seed, a.seeds, a.json, runs, a.quality, a.scrape_ms, a.n, a.rate, a.latency_ms)
+    main(
+        a.quick,
+        a.seed,
+        a.seeds,
+        a.json,
+        runs,
+        a.quality,
+        a.scrape_ms,
+        a.n,
+        a.rate,
+        a.latency_ms,
+        a.trace,
+        a.predictor,
+    )
 
 
 def _qos_rollout(a: argparse.Namespace) -> None:

@@ -22,11 +22,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from edgeroute.bench.qos import Sweep, agents_named, heuristics, scrape_named
+from edgeroute.bench.qos import (
+    Sweep,
+    agents_named,
+    heuristics,
+    predictor_named,
+    run_predictor,
+    scrape_named,
+)
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_suffix
 from edgeroute.qos.evaluate import Policy, episode, episode_qos, served
 from edgeroute.results_io import Plot, recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, Quality, engine_fleet
+from edgeroute.sim.workload import read_azure
 from policies.qos_drl import load
 from workers.profiles import PROFILES
 
@@ -107,7 +115,9 @@ def engine_shares(
     per_episode = []
     for policy in runs:
         for k, seed in enumerate(seeds):
-            env = sweep.env(k, n=n, rate=rate, latency_ms=latency_ms, on="engines")
+            env = sweep.env(
+                k, n=n, rate=rate, latency_ms=latency_ms, on="engines", arrivals=bool(sweep.trace)
+            )
             buckets: list[list[int]] = []  # per decision, each engine's bucket
             for i, e, req in episode(env, _watched(policy, buckets), seed):
                 score[e] += req.score
@@ -156,22 +166,30 @@ def main(
     n: int = 6,
     rate: float = DEFAULT_RATE,
     latency_ms: float = DEFAULT_LATENCY_MS,
+    trace: Path | None = None,
+    predictor: Path | None = None,
 ) -> None:
     """Every heuristic of `bench qos` and each agent in `models` (its training runs) at
     one setting on the engines' fleet, on environment seeds `seed` + 100 onwards (as
     `bench qos` numbers them), episodes of 512 decisions (`quick`: 128, and the files
-    go to a temporary folder)."""
+    go to a temporary folder). `trace`: arrivals from an Azure-format trace instead of
+    Poisson ones, environment seed k reading its k-th window at `rate`, as `bench qos`'s
+    trace point does. `predictor`: the folder of the predictor every policy reads (as
+    `bench qos`'s option)."""
     from workers.quality import default_data_dir
 
     seeds = [seed + 100 + i for i in range(n_seeds)]
+    read_from = run_predictor(quality, predictor, models)
     sweep = Sweep.of(
         quality,
         default_data_dir(),
+        read_from,
+        trace=read_azure(trace) if trace is not None else (),
         hardware="engines",
         episode=128 if quick else 512,
         scrape_ms=scrape_ms,
     )
-    policies: dict[str, list[Policy]] = {k: [v] for k, v in heuristics(quality).items()}
+    policies: dict[str, list[Policy]] = {k: [v] for k, v in heuristics(quality, read_from).items()}
     for name, dirs in models.items():
         policies[name] = [served(load(d, latency_ms)) for d in dirs]
     rows: list[dict[str, Any]] = []
@@ -182,12 +200,17 @@ def main(
         rows += [{"policy": name, **asdict(s), "policy_qos": measured.qos} for s in measured.shares]
         load_rows += [{"policy": name, **asdict(s)} for s in measured.by_load]
     setting = f"_N-{n}_lambda-{rate:g}_L-{latency_ms:g}ms_seed-{seed}_seeds-{n_seeds}"
+    trace_flag = ""
+    if trace is not None:
+        setting += f"_trace-{trace.name.split('.')[0]}"
+        trace_flag = f" --trace {recorded(trace)}"
     base, scrape_flag = scrape_named("qos_shares" + quality_suffix(quality), scrape_ms)
-    name, model_flags = agents_named(base + setting, models, {})
+    base, predictor_flag = predictor_named(base + setting, quality, read_from)
+    name, model_flags = agents_named(base, models, {})
     config = {
         "command": f"edgeroute bench qos-shares --quality {quality}{scrape_flag} --n {n} "
         f"--rate {rate:g} --latency-ms {latency_ms:g} --seed {seed} "
-        f"--seeds {n_seeds}{model_flags}",
+        f"--seeds {n_seeds}{trace_flag}{predictor_flag}{model_flags}",
         "quality": quality,
         "seeds": seeds,
         "n": n,

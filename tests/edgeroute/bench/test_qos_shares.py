@@ -14,7 +14,9 @@ from edgeroute.bench.qos import Sweep
 from edgeroute.bench.qos_shares import engine_shares, main
 from edgeroute.qos.evaluate import BASELINES, evaluate
 from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, engine_fleet
-from tests.support import DATA_DIR, needs_data, routerdc_sweep
+from edgeroute.sim.workload import read_azure
+from policies.predictor import MODEL_ROOT
+from tests.support import DATA_DIR, needs_data, routerdc_sweep, write_trace
 from workers.profiles import PROFILES
 
 SEEDS = [3, 4]
@@ -123,3 +125,43 @@ def test_the_command_writes_its_table_with_every_policy_on_every_engine(
     assert by_load["benchmark"] == written["benchmark"] + "_by-load"
     assert {r["policy"] for r in by_load["results"]} == policies
     assert {r["in_flight"] for r in by_load["results"]} >= {"0-4"}
+
+
+@needs_data("the RouterDC data")
+def test_with_a_trace_the_episodes_read_its_windows_and_the_command_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--trace`: every episode reads its window of the trace (the shares' QoS is
+    `evaluate`'s on the trace point), and the results name the trace and the predictor
+    the agent trained with."""
+    trace = write_trace(tmp_path / "trace.csv", 400)
+    sweep = routerdc_sweep(trace=read_azure(trace), hardware="engines", episode=96, scrape_ms=1000)
+    _, _, qos = engine_shares(sweep, [BASELINES["SQF"]], SEEDS, 3, 5.0, 30.0)
+    on_trace = [
+        evaluate(sweep.env(k, n=3, arrivals=True), BASELINES["SQF"], [seed]).qos
+        for k, seed in enumerate(SEEDS)
+    ]
+    poisson = [
+        evaluate(sweep.env(k, n=3), BASELINES["SQF"], [seed]).qos for k, seed in enumerate(SEEDS)
+    ]
+    assert qos == statistics.fmean(on_trace) != statistics.fmean(poisson)
+
+    monkeypatch.setenv("EDGEROUTE_DATA_DIR", str(DATA_DIR))
+    folder = MODEL_ROOT / "routerdc" / "expected-read"
+    out = tmp_path / "shares.json"
+    main(
+        True,
+        1,
+        2,
+        str(out),
+        {"full": [folder]},
+        "routerdc",
+        1000.0,
+        n=3,
+        trace=trace,
+        predictor=folder,
+    )
+    written = json.loads(out.read_text())
+    assert "_trace-trace_predictor-expected-read_full" in written["benchmark"]
+    command = written["config"]["command"]
+    assert f"--trace {trace} --predictor models/qos/routerdc/expected-read --model full=" in command
