@@ -256,6 +256,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         arrival_rate=args.arrival_rate,
         critic_arrival_rate=args.critic_arrival_rate,
         herded_starts=args.herded_starts,
+        trace=args.trace,
+        trace_share=args.trace_share,
         credit=args.credit,
         impact=args.impact,
         impact_scale=args.impact_scale,
@@ -704,6 +706,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SHARE",
         help="this share of training episodes sends its first decisions (up to 40) to one "
         "expert drawn at random, whatever the actor says",
+    )
+    q.add_argument(
+        "--trace",
+        default=t.trace,
+        metavar="FILE",
+        help="a trace (Mooncake JSONL or Azure CSV; a path in the data folder, or an "
+        "absolute one) whose windows, with their token counts, give --trace-share of the "
+        "training episodes their arrivals",
+    )
+    q.add_argument(
+        "--trace-share",
+        type=float,
+        default=t.trace_share,
+        metavar="SHARE",
+        help="the share of training episodes that read a window of --trace",
     )
     q.add_argument(
         "--credit",

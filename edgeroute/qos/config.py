@@ -247,6 +247,11 @@ class TrainConfig:
     # The share of training episodes whose first decisions all go to one expert drawn
     # at random (`edgeroute.qos.train.herded_start`); see docs/research.md, (145).
     herded_starts: float = 0.0
+    # A trace (any format `edgeroute.sim.workload.read_trace` reads) whose windows give
+    # this share of the training episodes their arrivals, with the trace's token counts,
+    # at the episode's lambda ("": none); see docs/research.md, (208).
+    trace: str = ""
+    trace_share: float = 0.0
     steps: int = 150_000
     warmup: int = 5_000
     envs: int = 16
@@ -290,6 +295,10 @@ class TrainConfig:
             raise ValueError(f"a run keeps its {' or '.join(KEEP)} actor, not {self.keep!r}")
         if not 0.0 <= self.herded_starts <= 1.0:
             raise ValueError(f"herded starts are a share of episodes, not {self.herded_starts}")
+        if not 0.0 <= self.trace_share <= 1.0:
+            raise ValueError(f"trace episodes are a share of episodes, not {self.trace_share}")
+        if self.trace_share and not self.trace:
+            raise ValueError("a share of trace episodes needs a trace to read them from")
         check_range(self.rates, "lambda per second")
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:

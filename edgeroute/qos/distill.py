@@ -40,6 +40,7 @@ from edgeroute.qos.train import (
     new_episode,
     source_commit,
     training_predictor,
+    training_trace,
 )
 from edgeroute.sim.edge import load_tasks
 from policies.onnx_session import one_thread_session
@@ -98,9 +99,10 @@ def visited(
     rng = np.random.default_rng(dc.seed if seed is None else seed)
     predictor = training_predictor(cfg)
     tasks = load_tasks(data_dir, split="agent", quality=cfg.quality)
+    trace = training_trace(cfg, data_dir)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     for env in envs:
-        new_episode(env, cfg, rng)
+        new_episode(env, cfg, rng, trace)
     by_draws = np.arange(len(envs)) < round(dc.drawn_share * len(envs))
     observations: list[dict[str, np.ndarray]] = []
     logits: list[np.ndarray] = []
@@ -117,7 +119,7 @@ def visited(
         for env, action in zip(envs, actions, strict=True):
             _, done = env.step(int(action))
             if done:
-                new_episode(env, cfg, rng)
+                new_episode(env, cfg, rng, trace)
         if len(observations) - shown >= states // 10:
             shown = len(observations)
             print(f"visited {shown:>8} states  {time.time() - started:5.0f} s", flush=True)

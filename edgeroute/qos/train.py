@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,9 +49,11 @@ from edgeroute.sim.edge import (
     Req,
     ServedPredictor,
     Task,
+    azure_arrivals,
     default_experts,
     load_tasks,
 )
+from edgeroute.sim.workload import TraceRequest, read_trace
 from policies.predictor import ScorePredictor, predictor_dir
 
 Obs = dict[str, np.ndarray]
@@ -110,7 +113,21 @@ def make_env(
     )
 
 
-def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> None:
+def training_trace(cfg: TrainConfig, data_dir: Path) -> list[TraceRequest]:
+    """The trace whose windows some training episodes run, if any: `cfg.trace`, a path
+    in the data folder (or an absolute one)."""
+    return read_trace(data_dir / cfg.trace) if cfg.trace_share else []
+
+
+def new_episode(
+    env: EdgeEnv,
+    cfg: TrainConfig,
+    rng: np.random.Generator,
+    trace: Sequence[TraceRequest] = (),
+) -> None:
+    """The next training episode: hardware drawn from the training seeds, lambda and L
+    from the config's ranges, and with probability `cfg.trace_share` the arrivals of a
+    window of `trace` (the trace read from `cfg.trace`) at that lambda."""
     hardware = int(rng.integers(TRAIN_HARDWARE.start, TRAIN_HARDWARE.stop))
     experts = experts_for(cfg, hardware)
     rate, latency = cfg.rate, cfg.latency_ms / 1000
@@ -121,7 +138,18 @@ def new_episode(env: EdgeEnv, cfg: TrainConfig, rng: np.random.Generator) -> Non
         else:
             fastest = min(e.base for e in experts)
             latency = fastest * float(rng.uniform(*cfg.latency_over_fastest))
-    env.reset(int(rng.integers(1 << 30)), experts=experts, rate=rate, latency_req=latency)
+    arrivals = None
+    # no draw at all without trace episodes, so that other configs train as before
+    if cfg.trace_share and rng.random() < cfg.trace_share:
+        start = int(rng.integers(0, len(trace) - env.episode_len - 2))
+        arrivals = azure_arrivals(trace, rate, start=start)
+    env.reset(
+        int(rng.integers(1 << 30)),
+        experts=experts,
+        rate=rate,
+        latency_req=latency,
+        arrivals=arrivals,
+    )
 
 
 # The most decisions a herded start forces onto its expert (`herded_start`): at the
@@ -258,11 +286,12 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     check_served_predictor(cfg, out)
     predictor = training_predictor(cfg)
     tasks = load_tasks(data_dir, split="agent", quality=cfg.quality)
+    trace = training_trace(cfg, data_dir)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)
     sac = SAC(cfg.sac(), experts=cfg.experts)
     for env in envs:
-        new_episode(env, cfg, rng)
+        new_episode(env, cfg, rng, trace)
     forced = [herded_start(cfg, rng) for _ in envs]
     obs = [env.observe() for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
@@ -292,7 +321,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         )
         for env in envs:  # episodes restart (their pending credit is lost); the learner
             # and its memory carry on
-            new_episode(env, cfg, rng)
+            new_episode(env, cfg, rng, trace)
         forced = [herded_start(cfg, rng) for _ in envs]
         obs = [env.observe() for env in envs]
         print(f"resumed {ckpt} at step {step}", flush=True)
@@ -329,7 +358,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 r = weighed(r, env.last_penalty, cfg.impact_scale)
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
-                new_episode(env, cfg, rng)
+                new_episode(env, cfg, rng, trace)
                 forced[k] = herded_start(cfg, rng)
                 nxt = env.observe()
             obs[k] = nxt

@@ -649,8 +649,10 @@ class EdgeEnv:
         experts: list[EdgeExpert] | None = None,
         rate: float | None = None,
         latency_req: float | None = None,
+        arrivals: Iterator[Arrival] | None = None,
     ) -> None:
-        """A new episode; optionally on other hardware, load or latency target."""
+        """A new episode; optionally on other hardware, load or latency target, or with
+        `arrivals` of its own (this episode's only) instead of the environment's."""
         self.specs = experts or self.specs
         self.rate = rate or self.rate
         self.L = latency_req or self.L
@@ -665,7 +667,7 @@ class EdgeEnv:
         # that expert was given, and the expert as it found it
         self.found: dict[Req, tuple[int, int, Queued]] = {}
         self.given: list[list[Req]] = [[] for _ in self.specs]
-        given = self._arrivals_override
+        given = self._arrivals_override if arrivals is None else arrivals
         self.arrivals = (
             iter(given)
             if isinstance(given, Sequence)

@@ -787,3 +787,42 @@ def test_a_run_with_its_own_predictor_must_be_written_under_it(tmp_path: Path) -
     with pytest.raises(SystemExit, match="train it into a folder under"):
         check_served_predictor(cfg, tmp_path / "elsewhere")
     check_served_predictor(TrainConfig(quality="routerdc"), tmp_path / "elsewhere")
+
+
+@needs_data("the quality data")
+def test_a_share_of_episodes_reads_windows_of_a_trace_with_its_token_counts(
+    tmp_path: Path,
+) -> None:
+    """`trace_share` 0.5 with a trace in the data folder's form: about half the episodes
+    read a window of it (their requests carry the trace's sizes), the others are
+    Poisson over the agent's prompts; at share 0 no episode draws anything more, so
+    configs without a trace train as before. A share without a trace is refused."""
+    from edgeroute.qos.train import make_env, new_episode, training_trace
+    from tests.support import write_trace
+
+    write_trace(tmp_path / "t.csv", 2_000)  # every request 100 tokens in, 10 out
+    cfg = tiny(trace="t.csv", trace_share=0.5, episode_len=32)
+    trace = training_trace(cfg, tmp_path)
+    assert len(trace) == 2_000
+    env = make_env(cfg, DATA_DIR)
+    rng = np.random.default_rng(0)
+    from_trace = 0
+    for _ in range(40):
+        new_episode(env, cfg, rng, trace)
+        sizes = set()
+        for _ in range(8):
+            sizes.add((env.task.prompt_tokens, env.task.lengths[env.specs[0].model]))
+            env.step(1)
+        from_trace += sizes == {(100, 10)}
+    assert 10 <= from_trace <= 30
+    # at share 0 a trace changes nothing: the same draws, the same episode
+    plain = tiny(episode_len=32)
+    with_trace, without = np.random.default_rng(5), np.random.default_rng(5)
+    new_episode(env, plain, with_trace, trace)
+    reference = make_env(plain, DATA_DIR)
+    new_episode(reference, plain, without)
+    assert with_trace.bit_generator.state == without.bit_generator.state
+    assert (env.rate, env.L, env.task) == (reference.rate, reference.L, reference.task)
+    assert training_trace(plain, tmp_path) == []
+    with pytest.raises(ValueError, match="needs a trace"):
+        tiny(trace_share=0.2)
