@@ -434,6 +434,8 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         arrival_rate=True,
         critic_arrival_rate=True,
         herded_starts=0.25,
+        trace="mooncake/conversation_trace.jsonl.gz",
+        trace_share=0.5,
         predictor="models/qos/routerdc/expected-read",
     )
     default = TrainConfig()
