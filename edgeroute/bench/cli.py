@@ -141,6 +141,16 @@ def engine_episode_options(
     )
 
 
+def add_predictor_option(p: argparse.ArgumentParser) -> None:
+    """`--predictor DIR` (of `bench qos`, `qos-impact` and `qos-shares`)."""
+    p.add_argument(
+        "--predictor",
+        type=Path,
+        help="the folder of the predictor every policy reads (default: the quality "
+        "world's); agents must have trained with it",
+    )
+
+
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help line, unless the help already names it."""
 
@@ -292,12 +302,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the quality data (RouterBench's MBPP, or RouterDC's graded tasks); its "
         "predictor and runs are in models/qos or models/qos/routerdc",
     )
-    q.add_argument(
-        "--predictor",
-        type=Path,
-        help="the folder of the predictor every policy reads (default: the quality "
-        "world's); agents must have trained with it",
-    )
+    add_predictor_option(q)
     q.add_argument(
         "--live",
         action="store_true",
@@ -381,12 +386,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the policies see the experts as the gateway does, from scrapes of the "
         "engines' metrics this many ms apart (default: exactly); results of their own",
     )
-    qi.add_argument(
-        "--predictor",
-        type=Path,
-        help="the folder of the predictor every policy reads (default: the quality "
-        "world's); agents must have trained with it",
-    )
+    add_predictor_option(qi)
     qi.add_argument(
         "--settings",
         type=lambda text: text.split(","),
@@ -411,12 +411,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="arrivals from this Azure-format trace (its token counts, its instants "
         "rescaled to --rate), seed k reading its k-th window; default: Poisson",
     )
-    qs.add_argument(
-        "--predictor",
-        type=Path,
-        help="the folder of the predictor every policy reads (default: the quality "
-        "world's); agents must have trained with it",
-    )
+    add_predictor_option(qs)
     qs.set_defaults(func=lambda a: _qos_shares(a))
     qr = command(
         "qos-rollout",
