@@ -139,7 +139,8 @@ def main(
     seeds = [seed + 100 + i for i in range(1 if quick else 5)]
     drawn = [held_out_hardware(k) if hardware == "held-out" else 0 for k in range(len(seeds))]
     episode = 256 if quick else 512
-    points = points_named(settings)[: 1 if quick else None]
+    chosen = points_named(settings)
+    points = chosen[: 1 if quick else None]
     rows: list[dict[str, Any]] = []
     for point in points:
         label, rate, latency_ms = point.label, point.rate, point.latency_ms
@@ -204,7 +205,7 @@ def main(
     base, predictor_flag = predictor_named(base, quality, read_from)
     settings_flag = ""
     if settings is not None:
-        shown_settings = ",".join(p.label for p in points_named(settings))
+        shown_settings = ",".join(p.label for p in chosen)
         base += "_" + shown_settings.replace(",", "_").replace("=", "-")
         settings_flag = f" --settings {shown_settings}"
     name, model_flags = agents_named(base, models)
