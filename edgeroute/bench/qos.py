@@ -55,11 +55,11 @@ from edgeroute.sim.edge import (
     Quality,
     ServedPredictor,
     Task,
-    azure_arrivals,
     default_experts,
     engine_experts,
     held_out_hardware,
     load_tasks,
+    trace_arrivals,
 )
 from edgeroute.sim.workload import TraceRequest, read_azure
 from edgeroute.stats import (
@@ -357,7 +357,7 @@ class Sweep:
         )
         given: Iterator[Arrival] | Sequence[Arrival] | None = stream
         if stream is None and arrivals:
-            given = azure_arrivals(self.trace, rate, start=k * self.episode)
+            given = trace_arrivals(self.trace, rate, start=k * self.episode)
         return EdgeEnv(
             self.physics.experts(experts),
             self.tasks,

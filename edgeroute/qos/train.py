@@ -49,9 +49,9 @@ from edgeroute.sim.edge import (
     Req,
     ServedPredictor,
     Task,
-    azure_arrivals,
     default_experts,
     load_tasks,
+    trace_arrivals,
 )
 from edgeroute.sim.workload import TraceRequest, read_trace
 from policies.predictor import ScorePredictor, predictor_dir
@@ -115,8 +115,16 @@ def make_env(
 
 def training_trace(cfg: TrainConfig, data_dir: Path) -> list[TraceRequest]:
     """The trace whose windows some training episodes run, if any: `cfg.trace`, a path
-    in the data folder (or an absolute one)."""
-    return read_trace(data_dir / cfg.trace) if cfg.trace_share else []
+    in the data folder (or an absolute one), long enough for an episode's window."""
+    if not cfg.trace_share:
+        return []
+    trace = read_trace(data_dir / cfg.trace)
+    if len(trace) < cfg.episode_len + 3:
+        raise ValueError(
+            f"the trace {cfg.trace} holds {len(trace)} requests; an episode of "
+            f"{cfg.episode_len} decisions needs at least {cfg.episode_len + 3}"
+        )
+    return trace
 
 
 def new_episode(
@@ -142,7 +150,7 @@ def new_episode(
     # no draw at all without trace episodes, so that other configs train as before
     if cfg.trace_share and rng.random() < cfg.trace_share:
         start = int(rng.integers(0, len(trace) - env.episode_len - 2))
-        arrivals = azure_arrivals(trace, rate, start=start)
+        arrivals = trace_arrivals(trace, rate, start=start)
     env.reset(
         int(rng.integers(1 << 30)),
         experts=experts,

@@ -407,12 +407,13 @@ def poisson_arrivals(rate: float, rng: random.Random) -> Iterator[Arrival]:
         yield Arrival(t)
 
 
-def azure_arrivals(
+def trace_arrivals(
     requests: Sequence[TraceRequest], rate: float | None = None, start: int = 0
 ) -> Iterator[Arrival]:
-    """A trace's requests (`workload.read_azure`: the Azure LLM inference CSV) from the
-    `start`-th, with their context and generated token counts; the instants optionally
-    rescaled to a mean `rate` per second."""
+    """A trace's requests (any `TraceRequest` list: `workload.read_trace` reads the
+    Azure CSV and the Mooncake JSONL) from the `start`-th, with their context and
+    generated token counts; the instants optionally rescaled to a mean `rate` per
+    second."""
     window = requests[start:]
     if not window:
         raise ValueError(f"the trace holds no request from the {start + 1}-th on")

@@ -826,3 +826,6 @@ def test_a_share_of_episodes_reads_windows_of_a_trace_with_its_token_counts(
     assert training_trace(plain, tmp_path) == []
     with pytest.raises(ValueError, match="needs a trace"):
         tiny(trace_share=0.2)
+    write_trace(tmp_path / "short.csv", 34)
+    with pytest.raises(ValueError, match="holds 34 requests; an episode of 32"):
+        training_trace(tiny(trace="short.csv", trace_share=0.5, episode_len=32), tmp_path)

@@ -17,12 +17,12 @@ from edgeroute.sim.edge import (
     Fleet,
     NoisyOracle,
     Task,
-    azure_arrivals,
     bucket,
     cluster_view,
     engine_experts,
     engine_fleet,
     poisson_arrivals,
+    trace_arrivals,
 )
 from edgeroute.sim.workload import read_azure
 from tests.support import write_trace
@@ -185,10 +185,10 @@ def test_any_azure_format_file_gives_instants_and_sizes(tmp_path: Path) -> None:
         "2023-11-16 18:15:48.6805900,396,109\n"
         "2023-11-16 18:15:50.6805900,12,3\n"
     )
-    got = list(azure_arrivals(read_azure(trace)))
+    got = list(trace_arrivals(read_azure(trace)))
     assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
     assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
-    assert [a.t for a in azure_arrivals(read_azure(trace), rate=3.0)] == pytest.approx(
+    assert [a.t for a in trace_arrivals(read_azure(trace), rate=3.0)] == pytest.approx(
         [0.0, 0.5, 1.0]
     )
 
@@ -204,10 +204,10 @@ def test_a_trace_out_of_order_arrives_in_time_order(tmp_path: Path) -> None:
         "2023-11-16 18:15:46.6805900,374,44\n"
         "2023-11-16 18:15:48.6805900,396,109\n"
     )
-    got = list(azure_arrivals(read_azure(trace)))
+    got = list(trace_arrivals(read_azure(trace)))
     assert [a.t for a in got] == pytest.approx([0.0, 2.0, 4.0])
     assert [(a.prompt_tokens, a.output_tokens) for a in got] == [(374, 44), (396, 109), (12, 3)]
-    assert [a.t for a in azure_arrivals(read_azure(trace), start=1)] == pytest.approx([0.0, 2.0])
+    assert [a.t for a in trace_arrivals(read_azure(trace), start=1)] == pytest.approx([0.0, 2.0])
 
 
 def test_an_episode_past_its_traces_end_says_so(tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_an_episode_past_its_traces_end_says_so(tmp_path: Path) -> None:
             [EXPERT],
             [task()],
             episode_len=episode,
-            arrivals=azure_arrivals(trace, start=start),
+            arrivals=trace_arrivals(trace, start=start),
             predictor=NoisyOracle(1.0, 1.0),
         )
         done = False
