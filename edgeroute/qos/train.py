@@ -119,12 +119,18 @@ def training_trace(cfg: TrainConfig, data_dir: Path) -> list[TraceRequest]:
     if not cfg.trace_share:
         return []
     trace = read_trace(data_dir / cfg.trace)
-    if len(trace) < cfg.episode_len + 3:
+    if window_starts(trace, cfg.episode_len) < 1:
         raise ValueError(
             f"the trace {cfg.trace} holds {len(trace)} requests; an episode of "
             f"{cfg.episode_len} decisions needs at least {cfg.episode_len + 3}"
         )
     return trace
+
+
+def window_starts(trace: Sequence[TraceRequest], episode_len: int) -> int:
+    """How many first requests an episode's window of `trace` can start at: an episode
+    reads its decisions plus two more requests."""
+    return len(trace) - episode_len - 2
 
 
 def new_episode(
@@ -149,7 +155,7 @@ def new_episode(
     arrivals = None
     # no draw at all without trace episodes, so that other configs train as before
     if cfg.trace_share and rng.random() < cfg.trace_share:
-        start = int(rng.integers(0, len(trace) - env.episode_len - 2))
+        start = int(rng.integers(0, window_starts(trace, env.episode_len)))
         arrivals = trace_arrivals(trace, rate, start=start)
     env.reset(
         int(rng.integers(1 << 30)),
