@@ -294,7 +294,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "that has finished no request yet is read at the mean speed of those that have; "
         "repeatable",
     )
-    q.add_argument("--trace", help="Azure-format trace for the trace workload")
+    q.add_argument(
+        "--trace",
+        help="a trace for the trace point (Azure CSV or Mooncake JSONL: their instants "
+        "rescaled to 5/s, their token counts; default: the data folder's Azure "
+        "conversation trace), labelled by its format",
+    )
     q.add_argument(
         "--quality",
         choices=QUALITIES,
@@ -408,7 +413,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     qs.add_argument(
         "--trace",
         type=Path,
-        help="arrivals from this Azure-format trace (its token counts, its instants "
+        help="arrivals from this trace, Azure CSV or Mooncake JSONL (its token counts, its instants "
         "rescaled to --rate), seed k reading its k-th window; default: Poisson",
     )
     add_predictor_option(qs)

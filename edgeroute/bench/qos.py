@@ -61,7 +61,7 @@ from edgeroute.sim.edge import (
     load_tasks,
     trace_arrivals,
 )
-from edgeroute.sim.workload import TraceRequest, read_azure
+from edgeroute.sim.workload import TraceRequest, read_trace, trace_kind
 from edgeroute.stats import (
     crossed_interval,
     crossed_paired_shown,
@@ -183,6 +183,14 @@ def scrape_named(base: str, scrape_ms: float | None) -> tuple[str, str]:
     if scrape_ms is None:
         return base, ""
     return f"{base}_scrape-{scrape_ms:g}ms", f" --scrape-ms {scrape_ms:g}"
+
+
+def trace_named(base: str, trace: Path | None) -> tuple[str, str]:
+    """The results' name and flag for the trace point read from `trace` (None: the
+    data folder's Azure conversation trace): another workload, so results of its own."""
+    if trace is None:
+        return base, ""
+    return f"{base}_trace-{trace.name.split('.')[0]}", f" --trace {recorded(trace)}"
 
 
 @dataclass(frozen=True)
@@ -371,6 +379,22 @@ class Sweep:
         )
 
 
+def timed_trace(path: Path) -> tuple[str, list[TraceRequest]]:
+    """A trace's requests and its point's label (`azure trace`, `mooncake trace`), from
+    any file of a format with arrival instants and token counts; a prompt set, which
+    has neither, or a file of no known format, ends the command with the reason."""
+    try:
+        kind = trace_kind(path)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--trace: {err}") from None
+    if kind == "prompt set":
+        raise SystemExit(
+            f"--trace: {path} is a prompt set, without arrival instants or token counts; "
+            "give a Mooncake JSONL or an Azure CSV trace"
+        )
+    return f"{kind} trace", read_trace(path)
+
+
 def main(
     quick: bool,
     seed: int,
@@ -417,6 +441,7 @@ def main(
     base, variant_flags = variant_named(
         base, seed, hardware, None if n_seeds == usual else n_seeds, physics
     )
+    base, trace_flag = trace_named(base, None if trace is None else Path(trace))
     given, models = models, models or trained_runs(quality)
     predictor = run_predictor(quality, predictor, models)
     base, predictor_flag = predictor_named(base, quality, predictor)
@@ -437,11 +462,12 @@ def main(
         return {**fixed, **agents}
 
     trace_path = Path(trace or data / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv.gz")
+    trace_name, trace_requests = timed_trace(trace_path)
     sweep = Sweep.of(
         quality,
         data,
         predictor,
-        trace=read_azure(trace_path),  # once: every environment reads a window of it
+        trace=trace_requests,  # once: every environment reads a window of it
         fleet=fleet,
         hardware=hardware,
         episode=episode,
@@ -468,7 +494,7 @@ def main(
     if windows == 0:
         raise SystemExit(f"{trace_path} holds fewer than {episode + 2} requests: not one episode")
     trace_seeds = seeds[:windows]
-    trace_label = "azure trace" + (
+    trace_label = trace_name + (
         f" ({windows} of the {len(seeds)} seeds: the trace's windows of {episode})"
         if windows < len(seeds)
         else ""
@@ -611,6 +637,7 @@ def main(
             + fleet.flags()
             + scrape_flag
             + variant_flags
+            + trace_flag
             + predictor_flag
             + model_flags,
             "models": {k: [recorded(d) for d in v] for k, v in models.items()},

@@ -29,12 +29,13 @@ from edgeroute.bench.qos import (
     predictor_named,
     run_predictor,
     scrape_named,
+    timed_trace,
+    trace_named,
 )
 from edgeroute.qos.config import DEFAULT_LATENCY_MS, DEFAULT_RATE, quality_suffix
 from edgeroute.qos.evaluate import Policy, episode, episode_qos, served
 from edgeroute.results_io import Plot, recorded, write
 from edgeroute.sim.edge import QUALITY_MODELS, EdgeEnv, Quality, engine_fleet
-from edgeroute.sim.workload import read_azure
 from policies.qos_drl import load
 from workers.profiles import PROFILES
 
@@ -172,8 +173,8 @@ def main(
     """Every heuristic of `bench qos` and each agent in `models` (its training runs) at
     one setting on the engines' fleet, on environment seeds `seed` + 100 onwards (as
     `bench qos` numbers them), episodes of 512 decisions (`quick`: 128, and the files
-    go to a temporary folder). `trace`: arrivals from an Azure-format trace instead of
-    Poisson ones, environment seed k reading its k-th window at `rate`, as `bench qos`'s
+    go to a temporary folder). `trace`: arrivals from a trace (Azure or Mooncake format) instead
+    of Poisson ones, environment seed k reading its k-th window at `rate`, as `bench qos`'s
     trace point does. `predictor`: the folder of the predictor every policy reads (as
     `bench qos`'s option)."""
     from workers.quality import default_data_dir
@@ -184,7 +185,7 @@ def main(
         quality,
         default_data_dir(),
         read_from,
-        trace=read_azure(trace) if trace is not None else (),
+        trace=timed_trace(trace)[1] if trace is not None else (),
         hardware="engines",
         episode=128 if quick else 512,
         scrape_ms=scrape_ms,
@@ -200,10 +201,7 @@ def main(
         rows += [{"policy": name, **asdict(s), "policy_qos": measured.qos} for s in measured.shares]
         load_rows += [{"policy": name, **asdict(s)} for s in measured.by_load]
     setting = f"_N-{n}_lambda-{rate:g}_L-{latency_ms:g}ms_seed-{seed}_seeds-{n_seeds}"
-    trace_flag = ""
-    if trace is not None:
-        setting += f"_trace-{trace.name.split('.')[0]}"
-        trace_flag = f" --trace {recorded(trace)}"
+    setting, trace_flag = trace_named(setting, trace)
     base, scrape_flag = scrape_named("qos_shares" + quality_suffix(quality), scrape_ms)
     base, predictor_flag = predictor_named(base + setting, quality, read_from)
     name, model_flags = agents_named(base, models, {})

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 MOONCAKE_BLOCK = 512
 
@@ -36,21 +37,30 @@ class TraceRequest:
     task: str = ""
 
 
-def read_trace(path: Path) -> list[TraceRequest]:
-    """Either format, told apart by its first line."""
+TraceKind = Literal["mooncake", "azure", "prompt set"]
+
+
+def trace_kind(path: Path) -> TraceKind:
+    """Which of the three formats `path` holds, told apart by its first line."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as fh:
         first = fh.readline().strip()
     if first.startswith("{"):
-        return read_mooncake(path)
+        return "mooncake"
     if "ContextTokens" in first:
-        return read_azure(path)
+        return "azure"
     columns = set(next(csv.reader([first]), []))
     if {"prompt", "eval_name"} <= columns:
-        return read_prompt_set(path)
+        return "prompt set"
     raise ValueError(
         f"{path}: neither a Mooncake JSONL, an Azure CSV trace nor a RouterBench prompt set"
     )
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """Any file of the three formats."""
+    readers = {"mooncake": read_mooncake, "azure": read_azure, "prompt set": read_prompt_set}
+    return readers[trace_kind(path)](path)
 
 
 def read_prompt_set(path: Path) -> list[TraceRequest]:

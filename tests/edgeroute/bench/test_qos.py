@@ -21,12 +21,14 @@ from edgeroute.bench.qos import (
     recorded_serving,
     scrape_named,
     serving_from,
+    timed_trace,
+    trace_named,
     variant_named,
 )
 from edgeroute.sim.edge import EdgeEnv
 from edgeroute.stats import shown
 from policies.predictor import MODEL_ROOT
-from tests.support import DATA_DIR, needs_data, routerdc_sweep, write_trace
+from tests.support import DATA_DIR, needs_data, routerdc_sweep, synthetic_mooncake, write_trace
 
 
 def test_agents_given_by_hand_get_their_own_results_and_flags() -> None:
@@ -295,6 +297,40 @@ def test_a_trace_too_short_for_every_seed_gives_its_point_the_seeds_it_holds(
     assert seeds == {"default": 3, "azure trace (2 of the 3 seeds: the trace's windows of 256)": 2}
     with pytest.raises(SystemExit, match="fewer than 258 requests"):
         main(True, 1, str(out), agent, str(write_trace(trace, 257)), quality="routerdc")
+
+
+@needs_data("the RouterDC data")
+def test_a_mooncake_trace_is_a_trace_point_and_a_result_of_its_own(tmp_path: Path) -> None:
+    """Any file with arrival instants and token counts is taken, Mooncake's format as
+    well as Azure's: its point is labelled by its format, and a given trace names the
+    results and stands in their command, so it never overwrites the default trace's."""
+    out = tmp_path / "mooncake.json"
+    trace = synthetic_mooncake(
+        tmp_path / "mc.jsonl", requests=256 + 2, inputs=(100, 3000), outputs=(10, 300)
+    )
+    main(True, 1, str(out), {"shipped": [MODEL_ROOT / "routerdc"]}, str(trace), "routerdc")
+    got = json.loads(out.read_text())
+    assert {r["setting"] for r in got["results"]} == {"default", "mooncake trace"}
+    assert f" --trace {trace}" in got["config"]["command"]
+    assert "_trace-mc_" in got["benchmark"]
+    on_trace = [r for r in got["results"] if r["setting"] == "mooncake trace"]
+    assert {r["policy"] for r in on_trace} >= {"RR", "SQF", "shipped"}
+    assert trace_named("qos_routerdc", trace) == ("qos_routerdc_trace-mc", f" --trace {trace}")
+    assert trace_named("qos_routerdc", None) == ("qos_routerdc", "")
+
+
+def test_a_trace_without_instants_or_token_counts_is_refused(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.csv"
+    prompts.write_text('"","sample_id","prompt","eval_name"\n"1","m.1","Add two numbers.","mbpp"\n')
+    with pytest.raises(SystemExit, match="prompt set, without arrival instants"):
+        timed_trace(prompts)
+    unknown = tmp_path / "notes.txt"
+    unknown.write_text("hello\n")
+    with pytest.raises(SystemExit, match=r"--trace: .*neither a Mooncake JSONL"):
+        timed_trace(unknown)
+    with pytest.raises(SystemExit, match=r"--trace: .*No such file"):
+        timed_trace(tmp_path / "absent.csv")
+    assert timed_trace(write_trace(tmp_path / "a.csv", 3))[0] == "azure trace"
 
 
 @needs_data("the RouterDC data")
