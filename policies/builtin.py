@@ -55,6 +55,7 @@ def register_builtins(registry: Registry) -> None:
         ("filter", "serves_model", filters.ServesModel),
         ("filter", "role", filters.Role),
         ("filter", "memory_feasible", filters.MemoryFeasible),
+        ("filter", "queue_cap", filters.QueueCap),
         ("filter", "kv_feasible", netkv.KVFeasible),
         ("scorer", "load", scorers.Load),
         ("scorer", "queue", scorers.Queue),

@@ -50,3 +50,28 @@ class MemoryFeasible:
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return backend.stats_age > view.stale_after or backend.kv_usage <= self.max_kv_usage
+
+
+@dataclass(frozen=True)
+class QueueCap:
+    """Skip backends that already hold `max_requests` requests: admission control.
+
+    A backend's depth is the gateway's count of requests in flight there: this
+    replica's, exact at this instant, plus the other replicas' from the shared store.
+    Not the engine's scraped running and waiting counts, which lag by up to a scrape
+    and would keep a backend shut after its requests have finished. When every backend
+    is that deep the request is shed, 503 with Retry-After, rather than queued behind
+    work that would make it and the requests ahead of it late."""
+
+    max_requests: int = 64
+    name: str = "queue_cap"
+    per_model: ClassVar[bool] = False  # reads load, which every request changes
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_requests, bool) or not isinstance(self.max_requests, int):
+            raise ValueError(f"max_requests must be a whole number, not {self.max_requests!r}")
+        if self.max_requests < 1:
+            raise ValueError(f"max_requests must be at least 1, not {self.max_requests}")
+
+    def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
+        return backend.inflight < self.max_requests

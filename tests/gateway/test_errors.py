@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.support import closed_port, hold_streams, sample, wait_until
@@ -130,6 +132,98 @@ def test_503_with_retry_after_when_no_backend_can_serve(
     r = httpx.post(url + CHAT, json=chat_body())
     err = assert_openai_error(r, 503)
     assert err["code"] == "no_capacity" and int(r.headers["retry-after"]) >= 1
+
+
+QUEUE_CAP_1 = {
+    "default": {
+        "policy": "least_load",
+        "filters": [
+            "healthy",
+            "serves_model",
+            {"type": "queue_cap", "params": {"max_requests": 1}},
+        ],
+    }
+}
+
+
+def inflight(url: str) -> float:
+    return sample(httpx.get(url + "/metrics").text, "edgeroute_replica_inflight_requests")
+
+
+def test_503_with_retry_after_when_every_backend_is_at_its_queue_cap(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """Admission control: with `queue_cap` at 1, a second request while the only backend
+    serves one is shed at once, in OpenAI's shape, and the held one still completes;
+    once it has, the next is served."""
+    wurl, _ = start_worker(speedup=1.0)
+    url, _ = start_gateway([wurl], routing=QUEUE_CAP_1)
+    release = threading.Event()
+    held = hold_streams(url, MODEL, 1, release)
+    try:
+        wait_until(lambda: inflight(url) == 1)
+        r = httpx.post(url + CHAT, json=chat_body())
+        err = assert_openai_error(r, 503)
+        assert err["code"] == "no_capacity" and "'queue_cap'" in err["message"]
+        assert int(r.headers["retry-after"]) >= 1
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError, match="queue_cap"):
+            sdk.chat.completions.create(**chat_body())
+    finally:
+        release.set()
+        held[0].join(30)
+    assert not held[0].is_alive()
+    wait_until(lambda: inflight(url) == 0)
+    answer = sdk.chat.completions.create(**chat_body())
+    assert answer.choices[0].message.content
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_shed_requests_total", reason="no_backend") == 2
+
+
+def test_the_queue_cap_holds_against_a_backend_that_hangs_and_reports_an_empty_queue(
+    start_worker: Start, start_gateway: Start
+) -> None:
+    """The hostile twin: the backend accepts requests and never answers, and its
+    engine's metrics say nothing is running or waiting. The cap is then held by the
+    gateway's own count: the second request is shed, and when the first one's client
+    leaves, the backend takes one again."""
+    wurl, _ = start_worker(enable_faults=True, fault={"mode": "hang"})
+    url, _ = start_gateway(
+        [wurl],
+        routing=QUEUE_CAP_1,
+        timeouts={"first_byte": 600, "response": 600, "stall": 600, "connect": 0.5, "scrape": 0.5},
+    )
+    port = int(url.rsplit(":", 1)[1])
+    body = orjson.dumps(chat_body())
+    raw = (
+        f"POST {CHAT} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    def hang_one() -> socket.socket:
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(raw)
+        return client
+
+    first = hang_one()
+    try:
+        wait_until(lambda: inflight(url) == 1)
+        engine = httpx.get(wurl + "/metrics").text  # what a scrape of it reads: empty
+        assert sample(engine, "vllm:num_requests_running") == 0
+        assert sample(engine, "vllm:num_requests_waiting") == 0
+        r = httpx.post(url + CHAT, json=chat_body())
+        err = assert_openai_error(r, 503)
+        assert err["code"] == "no_capacity" and int(r.headers["retry-after"]) >= 1
+        assert inflight(url) == 1
+    finally:
+        first.close()
+    wait_until(lambda: inflight(url) == 0)
+    second = hang_one()  # admitted again: the cap counts requests in flight, not ever sent
+    try:
+        wait_until(lambda: inflight(url) == 1)
+    finally:
+        second.close()
+    wait_until(lambda: inflight(url) == 0)
 
 
 def test_502_when_backends_fail_or_are_unreachable(

@@ -20,6 +20,7 @@ from policies import (
 )
 from policies.filters import Healthy, ServesModel
 from policies.pickers import Argmax, Random
+from policies.plugins import PluginError
 from policies.scorers import Load
 from policies.text import block_hashes, stable_hash
 
@@ -226,6 +227,32 @@ def test_memory_feasible_filter_skips_full_backends_only_when_fresh() -> None:
     assert decide("least_load", v, req(), **spec) == "b1"
     v = view(backend(0, kv_usage=0.99, stats_age=99.0), backend(1, kv_usage=0.5, inflight=9))
     assert decide("least_load", v, req(), **spec) == "b0"
+
+
+def test_queue_cap_skips_backends_as_deep_as_the_cap_and_sheds_when_every_one_is() -> None:
+    """Depth is the gateway's in-flight count (every replica's), not the engine's
+    scraped counts, which lag: an engine that says it is empty is still full."""
+    cap = {"type": "queue_cap", "params": {"max_requests": 2}}
+    spec = {"filters": ["healthy", "serves_model", "role", cap]}
+    # Round-robin's sequence 0 takes the first candidate: b0 unless the cap skips it.
+    v = view(backend(0, inflight=2, running=0, waiting=0), backend(1, inflight=1))
+    assert decide("round_robin", v, req(seq=0)) == "b0"
+    assert decide("round_robin", v, req(seq=0), **spec) == "b1"
+    # an engine whose last scrape still shows requests that have since finished
+    v = view(backend(0, inflight=1, running=4, waiting=3), backend(1, inflight=1))
+    assert decide("round_robin", v, req(seq=0), **spec) == "b0"
+    full = view(backend(0, inflight=2), backend(1, inflight=5))
+    pipeline = build_pipeline(PipelineSpec(policy="round_robin", **spec))  # type: ignore[arg-type]
+    d = pipeline.decide(req(seq=0), full)
+    assert d.backend_id is None and d.reason == "no backend passed the 'queue_cap' filter"
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "4", True])
+def test_queue_cap_refuses_a_cap_that_is_not_a_positive_whole_number(bad: object) -> None:
+    cap = {"type": "queue_cap", "params": {"max_requests": bad}}
+    spec = PipelineSpec(policy="least_load", filters=["healthy", cap])  # type: ignore[list-item]
+    with pytest.raises(PluginError, match=r"filter 'queue_cap' refused .*max_requests"):
+        build_pipeline(spec)
 
 
 def test_a_choice_is_a_decision_with_the_default_fields() -> None:
