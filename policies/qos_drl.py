@@ -44,7 +44,7 @@ import numpy as np
 from policies.filters import Healthy, Role, ServesModel
 from policies.onnx_session import one_thread_session
 from policies.pickers import Argmax
-from policies.pipeline import Pipeline
+from policies.pipeline import Filter, Pipeline
 from policies.plugins import Need
 from policies.predictor import (
     DEFAULT_MODEL_DIR,
@@ -142,6 +142,13 @@ class QoSDRL:
         other.shed, other.sample = shed, sample
         other.speed_prior = speed_prior or self.trained_with_prior
         other._target(latency_ms)
+        return other
+
+    def with_filters(self, filters: tuple[Filter, ...]) -> QoSDRL:
+        """This policy choosing among the backends that pass `filters` (the route's),
+        in place of the gateway's default filters; the actor scores those alone."""
+        other = self.configured(self.latency * 1000.0, self.shed, self.sample, self.speed_prior)
+        other._filters = Pipeline("qos_drl filters", filters, (), Argmax())
         return other
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:

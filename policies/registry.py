@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from policies.pipeline import Pipeline, Policy
-from policies.plugins import Registry, default_registry
+from policies.plugins import PluginError, Registry, default_registry
 
 
 class PluginRef(BaseModel):
@@ -107,6 +107,21 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"unknown policy {self.policy!r}; known: {known}")
         if self.policy in PRESETS and self.params:
             raise ValueError(f"{self.policy!r} is a pipeline preset: give parameters to its stages")
+        if self.policy not in PRESETS:
+            stages = [
+                name
+                for name, given in (
+                    ("scorers", self.scorers),
+                    ("picker", self.picker),
+                    ("tie_epsilon", self.tie_epsilon),
+                )
+                if given is not None
+            ]
+            if stages:
+                raise ValueError(
+                    f"{self.policy!r} is a policy plugin: it has no {', '.join(stages)} to set "
+                    "(filters and its params only)"
+                )
         for f in self.filters or ():
             if not registry.has("filter", _ref(f).type):
                 raise ValueError(
@@ -157,6 +172,13 @@ def build_policy(spec: PipelineSpec, registry: Registry | None = None) -> Policy
     if spec.policy in PRESETS:
         return build_pipeline(spec, registry)
     policy: Policy = registry.create("policy", spec.policy, spec.policy_params())
+    if spec.filters is not None:
+        with_filters = getattr(policy, "with_filters", None)
+        if with_filters is None:
+            raise PluginError(f"policy {spec.policy!r} takes no filters")
+        policy = with_filters(
+            tuple(registry.create("filter", f.type, f.params) for f in spec.filter_refs())
+        )
     return policy
 
 

@@ -242,6 +242,44 @@ def test_with_no_candidate_the_policy_names_the_filter_that_left_none() -> None:
     assert policy.decide(req, down).reason == "no backend passed the 'healthy' filter"
 
 
+def test_a_route_s_filters_replace_the_default_ones_and_the_actor_scores_what_passes() -> None:
+    """`filters:` on a qos_drl route is honoured, not ignored: with `queue_cap` the
+    actor never picks a backend at the cap, and sheds, naming it, when all are."""
+    from dataclasses import replace
+
+    from policies import PipelineSpec, build_policy
+    from policies.types import RequestInfo
+
+    cap = {"type": "queue_cap", "params": {"max_requests": 2}}
+    filters = ["healthy", "serves_model", "role", cap]
+    capped = build_policy(PipelineSpec(policy="qos_drl", filters=filters))  # type: ignore[arg-type]
+    plain = build_policy(PipelineSpec(policy="qos_drl"))
+    assert isinstance(capped, QoSDRL) and isinstance(plain, QoSDRL)
+    view = four_experts(plain)
+    req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
+    favourite = plain.configured(30.0, shed=False).decide(req, view).backend_id
+    full = ClusterView(
+        tuple(replace(b, inflight=2) if b.id == favourite else b for b in view.backends)
+    )
+    assert plain.configured(30.0, shed=False).decide(req, full).backend_id == favourite
+    unshed = capped.configured(30.0, shed=False)
+    assert unshed.decide(req, full).backend_id not in (None, favourite)
+    ranked = [d.backend_id for d in unshed.ranked(req, full)]
+    assert favourite not in ranked and len(ranked) == 3
+    every = ClusterView(tuple(replace(b, inflight=5) for b in view.backends))
+    assert capped.decide(req, every).reason == "no backend passed the 'queue_cap' filter"
+
+
+def test_a_policy_plugin_refuses_stages_it_does_not_have() -> None:
+    from pydantic import ValidationError
+
+    from policies import PipelineSpec
+
+    for stage in ({"scorers": {"load": 1.0}}, {"picker": "random"}, {"tie_epsilon": 0.1}):
+        with pytest.raises(ValidationError, match="'qos_drl' is a policy plugin"):
+            PipelineSpec(policy="qos_drl", **stage)
+
+
 def test_warming_repeats_the_last_decision_and_changes_nothing() -> None:
     from policies import Pipeline, Warmable
     from policies.pickers import Argmax
