@@ -134,11 +134,7 @@ class QoSDRL:
     ) -> QoSDRL:
         """This policy for another latency target, shedding, way of acting and reading
         of unmeasured backends, sharing its ONNX sessions."""
-        other = copy.copy(self)
-        other._features = {}
-        other._models = {}
-        other._rows = {}
-        other._last = None
+        other = self._copy()
         other.shed, other.sample = shed, sample
         other.speed_prior = speed_prior or self.trained_with_prior
         other._target(latency_ms)
@@ -147,8 +143,17 @@ class QoSDRL:
     def with_filters(self, filters: tuple[Filter, ...]) -> QoSDRL:
         """This policy choosing among the backends that pass `filters` (the route's),
         in place of the gateway's default filters; the actor scores those alone."""
-        other = self.configured(self.latency * 1000.0, self.shed, self.sample, self.speed_prior)
+        other = self._copy()
         other._filters = Pipeline("qos_drl filters", filters, (), Argmax())
+        return other
+
+    def _copy(self) -> QoSDRL:
+        """A copy sharing the ONNX sessions, with nothing kept from this one's requests."""
+        other = copy.copy(self)
+        other._features = {}
+        other._models = {}
+        other._rows = {}
+        other._last = None
         return other
 
     def decide(self, req: RequestInfo, view: ClusterView) -> Decision:

@@ -172,14 +172,17 @@ def build_policy(spec: PipelineSpec, registry: Registry | None = None) -> Policy
     if spec.policy in PRESETS:
         return build_pipeline(spec, registry)
     policy: Policy = registry.create("policy", spec.policy, spec.policy_params())
-    if spec.filters is not None:
+    if spec.filters:  # none given: the plugin's own
         with_filters = getattr(policy, "with_filters", None)
         if with_filters is None:
             raise PluginError(f"policy {spec.policy!r} takes no filters")
-        policy = with_filters(
-            tuple(registry.create("filter", f.type, f.params) for f in spec.filter_refs())
-        )
+        policy = with_filters(_made_filters(spec, registry))
     return policy
+
+
+def _made_filters(spec: PipelineSpec, registry: Registry) -> tuple[Any, ...]:
+    """The spec's filters (the preset's unless given), made by the registry."""
+    return tuple(registry.create("filter", f.type, f.params) for f in spec.filter_refs())
 
 
 def build_pipeline(spec: PipelineSpec, registry: Registry | None = None) -> Pipeline:
@@ -187,7 +190,7 @@ def build_pipeline(spec: PipelineSpec, registry: Registry | None = None) -> Pipe
     picker = spec.picker_ref()
     return Pipeline(
         name=spec.policy,
-        filters=tuple(registry.create("filter", f.type, f.params) for f in spec.filter_refs()),
+        filters=_made_filters(spec, registry),
         scorers=tuple(
             (registry.create("scorer", s.type, s.params), s.weight)
             for s in spec.scorer_refs()

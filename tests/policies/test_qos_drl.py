@@ -253,7 +253,7 @@ def test_a_route_s_filters_replace_the_default_ones_and_the_actor_scores_what_pa
     cap = {"type": "queue_cap", "params": {"max_requests": 2}}
     filters = ["healthy", "serves_model", "role", cap]
     capped = build_policy(PipelineSpec(policy="qos_drl", filters=filters))  # type: ignore[arg-type]
-    plain = build_policy(PipelineSpec(policy="qos_drl"))
+    plain = build_policy(PipelineSpec(policy="qos_drl", filters=[]))  # none: its own
     assert isinstance(capped, QoSDRL) and isinstance(plain, QoSDRL)
     view = four_experts(plain)
     req = RequestInfo("m", 300, prompt="Sort a list.", now=1.0)
