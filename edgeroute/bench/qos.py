@@ -381,14 +381,11 @@ class Sweep:
 
 def timed_trace(path: Path) -> tuple[str, list[TraceRequest]]:
     """A trace's requests and its point's label (`azure trace`, `mooncake trace`), from
-    any file of a format with arrival instants and token counts; a prompt set, which
-    has neither, or a file of no known format, ends the command with the reason."""
-    try:
-        kind = trace_kind(path)
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"--trace: {err}") from None
+    any file of a format with arrival instants and token counts. A prompt set, which
+    has neither, or a file of no known format is a ValueError saying so."""
+    kind = trace_kind(path)
     if kind == "prompt set":
-        raise SystemExit(
+        raise ValueError(
             f"--trace: {path} is a prompt set, without arrival instants or token counts; "
             "give a Mooncake JSONL or an Azure CSV trace"
         )

@@ -320,15 +320,17 @@ def test_a_mooncake_trace_is_a_trace_point_and_a_result_of_its_own(tmp_path: Pat
 
 
 def test_a_trace_without_instants_or_token_counts_is_refused(tmp_path: Path) -> None:
+    """Refusals the command line prints as one line (`edgeroute.cli`): a missing file
+    (with the data folder's hint when it is there) stays a FileNotFoundError."""
     prompts = tmp_path / "prompts.csv"
     prompts.write_text('"","sample_id","prompt","eval_name"\n"1","m.1","Add two numbers.","mbpp"\n')
-    with pytest.raises(SystemExit, match="prompt set, without arrival instants"):
+    with pytest.raises(ValueError, match="prompt set, without arrival instants"):
         timed_trace(prompts)
     unknown = tmp_path / "notes.txt"
     unknown.write_text("hello\n")
-    with pytest.raises(SystemExit, match=r"--trace: .*neither a Mooncake JSONL"):
+    with pytest.raises(ValueError, match="neither a Mooncake JSONL"):
         timed_trace(unknown)
-    with pytest.raises(SystemExit, match=r"--trace: .*No such file"):
+    with pytest.raises(FileNotFoundError):
         timed_trace(tmp_path / "absent.csv")
     assert timed_trace(write_trace(tmp_path / "a.csv", 3))[0] == "azure trace"
 
