@@ -120,7 +120,8 @@ class Forwarder:
         series(self.metrics.decision, pipeline.name).observe(decided_in)
         if first.backend_id is None:
             qos = first.token_target is not None
-            series(self.metrics.shed, model, "qos" if qos else "no_backend").inc()
+            why = "qos" if qos else first.rejected_by or "no_backend"
+            series(self.metrics.shed, model, why).inc()
             if qos:
                 series(self.metrics.qos_requests, "shed").inc()
             raise GatewayError(

@@ -126,7 +126,9 @@ class GatewayMetrics:
         )
         self.shed = Counter(
             "edgeroute_shed_requests",
-            "Requests refused for lack of capacity.",
+            "Requests refused for lack of capacity, by reason: the filter that left no "
+            "backend (queue_cap, healthy, ...), qos (the QoS policy's drop) or "
+            "max_inflight (the replica's limit).",
             ["model", "reason"],
             registry=r,
         )

@@ -241,5 +241,7 @@ class Pipeline:
         for f in self.filters:
             candidates = [b for b in candidates if f.keep(req, view, b)]
             if not candidates:
-                return Decision(None, reason=f"no backend passed the '{f.name}' filter")
+                return Decision(
+                    None, reason=f"no backend passed the '{f.name}' filter", rejected_by=f.name
+                )
         raise AssertionError("a remembered verdict disagreed with the filters")

@@ -155,6 +155,7 @@ class Decision:
     predicted: tuple[float, float] | None = None  # (score, length) on the chosen backend
     # The per-output-token latency a QoS policy routed (or shed) this request for.
     token_target: float | None = None
+    rejected_by: str = ""  # the filter that left no backend, when that is why
 
     @property
     def rejected(self) -> bool:

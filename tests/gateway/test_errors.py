@@ -132,6 +132,8 @@ def test_503_with_retry_after_when_no_backend_can_serve(
     r = httpx.post(url + CHAT, json=chat_body())
     err = assert_openai_error(r, 503)
     assert err["code"] == "no_capacity" and int(r.headers["retry-after"]) >= 1
+    metrics = httpx.get(url + "/metrics").text
+    assert sample(metrics, "edgeroute_shed_requests_total", reason="healthy") == 1
 
 
 QUEUE_CAP_1 = {
@@ -177,7 +179,7 @@ def test_503_with_retry_after_when_every_backend_is_at_its_queue_cap(
     answer = sdk.chat.completions.create(**chat_body())
     assert answer.choices[0].message.content
     metrics = httpx.get(url + "/metrics").text
-    assert sample(metrics, "edgeroute_shed_requests_total", reason="no_backend") == 2
+    assert sample(metrics, "edgeroute_shed_requests_total", reason="queue_cap") == 2
 
 
 def test_the_queue_cap_holds_against_a_backend_that_hangs_and_reports_an_empty_queue(
