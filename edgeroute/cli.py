@@ -276,6 +276,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         zero_predictions=args.zero_predictions,
         predictor=args.predictor or "",
         lr=args.lr,
+        gamma=args.gamma,
         target_entropy_ratio=args.target_entropy,
         init_alpha=args.init_alpha,
         hidden=args.hidden,
@@ -755,6 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out must be under it, so that the actor is served with it",
     )
     q.add_argument("--lr", type=float, default=t.lr, help="learning rate")
+    q.add_argument("--gamma", type=float, default=t.gamma, help="SAC's discount")
     q.add_argument(
         "--target-entropy",
         type=float,

@@ -278,6 +278,10 @@ class TrainConfig:
     predictor: str = ""
     threads: int = 1
     lr: float = 3e-4
+    # The discount: each decision is already credited with its own request's QoS, so
+    # the return's tail is other requests'; a lower one shrinks the critic's values
+    # (about QoS / (1 - gamma)) beside the gap between actions (docs/research.md, (214)).
+    gamma: float = SACConfig.gamma
     target_entropy_ratio: float = 0.5
     init_alpha: float = 0.05
     hidden: int = 32
@@ -303,6 +307,8 @@ class TrainConfig:
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:
             check_range(self.latency_over_fastest, "L's factor over the fastest expert")
+        if not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"the discount is in [0, 1), not {self.gamma}")
         if self.impact_scale < 0:
             raise ValueError(f"the impact penalty's weight is at least 0, not {self.impact_scale}")
         if self.impact in HINDSIGHT and self.credit != "request":
@@ -349,6 +355,7 @@ class TrainConfig:
             heads=self.heads,
             layers=self.layers,
             lr=self.lr,
+            gamma=self.gamma,
             batch=self.batch,
             buffer=self.buffer,
             target_entropy_ratio=self.target_entropy_ratio,

@@ -426,6 +426,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         seed=7,
         zero_predictions=True,
         lr=0.001,
+        gamma=0.9,
         target_entropy_ratio=0.25,
         init_alpha=0.1,
         hidden=16,

@@ -28,7 +28,7 @@ from edgeroute.qos.config import (
 from edgeroute.qos.evaluate import Policy
 from edgeroute.qos.export import example, export_actor, load_actor, parity
 from edgeroute.qos.model import NEG, NodeAttention, QoSNet, queue_attention
-from edgeroute.qos.sac import SAC, batch_of
+from edgeroute.qos.sac import SAC, Replay, batch_of
 from edgeroute.qos.train import eval_settings, export_last, progress, train
 from edgeroute.sim.edge import EdgeEnv, Fleet, Quality
 from policies.predictor import MODEL_ROOT
@@ -769,6 +769,39 @@ def test_the_impact_penalty_is_never_weighed_below_0() -> None:
         TrainConfig(impact_scale=-1.0)
     assert TrainConfig(impact_scale=2.0).flags() == " --impact-scale 2"
     assert TrainConfig.from_record({"variant": "full"}).impact_scale == 1.0
+
+
+def test_the_discount_is_a_setting_that_reaches_the_critics_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every reward 0 and no episode ending, the critic's target is gamma times
+    the next state's soft value: two SACs alike but for gamma give targets in that
+    ratio."""
+    with pytest.raises(ValueError, match="discount"):
+        TrainConfig(gamma=1.0)
+    assert TrainConfig(gamma=0.9).flags() == " --gamma 0.9"
+    assert TrainConfig.from_record({"variant": "full"}).gamma == 0.99
+    assert TrainConfig(gamma=0.9).sac().gamma == 0.9
+
+    obs = {k: v[0] for k, v in example(1, 3, seed=5).items()}
+    targets: list[torch.Tensor] = []
+    mse = torch.nn.functional.mse_loss
+
+    def spy(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        targets.append(target.detach().clone())
+        return mse(x, target)
+
+    monkeypatch.setattr(torch.nn.functional, "mse_loss", spy)
+    for gamma in (0.99, 0.5):
+        torch.manual_seed(0)
+        sac = SAC(TrainConfig(gamma=gamma).sac(), experts=3)
+        replay = Replay(8, obs)
+        for _ in range(8):
+            replay.add(obs, 1, 0.0, obs, False)
+        sac.update(replay, np.random.default_rng(0))
+    at_099, at_05 = targets[0], targets[2]  # each update computes two critics' losses
+    assert torch.count_nonzero(at_099) > 0
+    assert torch.allclose(at_05, at_099 * (0.5 / 0.99), rtol=1e-5)
 
 
 def test_a_run_with_its_own_predictor_must_be_written_under_it(tmp_path: Path) -> None:
