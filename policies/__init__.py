@@ -3,7 +3,7 @@
 The gateway and every simulator call the very same objects.
 """
 
-from policies.pipeline import Filter, Picker, Pipeline, Policy, Scorer, Warmable
+from policies.pipeline import Filter, Picker, Pipeline, Policy, Refilterable, Scorer, Warmable
 from policies.plugins import Need, PluginError, Registry, check_params, default_registry
 from policies.registry import PRESETS, PipelineSpec, PluginRef, build_pipeline, build_policy
 from policies.types import BackendView, ClusterView, Decision, RequestInfo, Role
@@ -21,6 +21,7 @@ __all__ = [
     "PluginError",
     "PluginRef",
     "Policy",
+    "Refilterable",
     "Registry",
     "RequestInfo",
     "Role",

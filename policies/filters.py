@@ -75,3 +75,8 @@ class QueueCap:
 
     def keep(self, req: RequestInfo, view: ClusterView, backend: BackendView) -> bool:
         return backend.inflight < self.max_requests
+
+
+# What a policy keeps when its route names no filters: whole-request backends that are
+# healthy and serve the model (presets' and the QoS policy's alike).
+DEFAULT: tuple[Healthy | ServesModel | Role, ...] = (Healthy(), ServesModel(), Role())

@@ -81,6 +81,16 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class Refilterable(Protocol):
+    """A whole policy (not a pipeline) that can choose among the backends a route's
+    filters keep, in place of its own defaults (`build_policy`)."""
+
+    def with_filters(self, filters: tuple[Filter, ...]) -> Policy:
+        """This policy behind `filters`, sharing what it loaded."""
+        ...
+
+
+@runtime_checkable
 class Warmable(Protocol):
     """A policy whose decision is several times slower once the CPU has idled for a
     millisecond or two (its graph and code out of the caches, the core asleep), and

@@ -24,7 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from policies.pipeline import Pipeline, Policy
+from policies import filters
+from policies.pipeline import Pipeline, Policy, Refilterable
 from policies.plugins import PluginError, Registry, default_registry
 
 
@@ -41,7 +42,7 @@ class WeightedRef(PluginRef):
     weight: float = Field(default=1.0, ge=0.0)
 
 
-DEFAULT_FILTERS = ("healthy", "serves_model", "role")
+DEFAULT_FILTERS = tuple(f.name for f in filters.DEFAULT)
 # Structural filters first, so that an empty result names the filter that matters.
 DECODE_FILTERS = ("decode_role", "serves_model", "healthy", "kv_feasible")
 
@@ -173,10 +174,9 @@ def build_policy(spec: PipelineSpec, registry: Registry | None = None) -> Policy
         return build_pipeline(spec, registry)
     policy: Policy = registry.create("policy", spec.policy, spec.policy_params())
     if spec.filters:  # none given: the plugin's own
-        with_filters = getattr(policy, "with_filters", None)
-        if with_filters is None:
+        if not isinstance(policy, Refilterable):
             raise PluginError(f"policy {spec.policy!r} takes no filters")
-        policy = with_filters(_made_filters(spec, registry))
+        policy = policy.with_filters(_made_filters(spec, registry))
     return policy
 
 

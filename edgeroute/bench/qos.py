@@ -389,7 +389,7 @@ def timed_trace(path: Path) -> tuple[str, list[TraceRequest]]:
             f"--trace: {path} is a prompt set, without arrival instants or token counts; "
             "give a Mooncake JSONL or an Azure CSV trace"
         )
-    return f"{kind} trace", read_trace(path)
+    return f"{kind} trace", read_trace(path, kind)
 
 
 def main(

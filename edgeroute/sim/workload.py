@@ -57,10 +57,10 @@ def trace_kind(path: Path) -> TraceKind:
     )
 
 
-def read_trace(path: Path) -> list[TraceRequest]:
-    """Any file of the three formats."""
+def read_trace(path: Path, kind: TraceKind | None = None) -> list[TraceRequest]:
+    """Any file of the three formats (`kind`, when already told, as `trace_kind` tells it)."""
     readers = {"mooncake": read_mooncake, "azure": read_azure, "prompt set": read_prompt_set}
-    return readers[trace_kind(path)](path)
+    return readers[kind or trace_kind(path)](path)
 
 
 def read_prompt_set(path: Path) -> list[TraceRequest]:

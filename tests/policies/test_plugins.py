@@ -127,3 +127,41 @@ def test_a_pipeline_needs_what_its_stages_declare() -> None:
     assert needs(policy="netkv_full") == {Need.BLOCK_HASHES, Need.ORACLE}
     # Not the scorer's name that counts: prefix_cache, renamed by weight 0, is gone.
     assert needs(policy="cla", scorers={"prefix_cache": 0.0, "load": 1.0}) == frozenset()
+
+
+def test_a_policy_plugin_given_filters_must_take_them() -> None:
+    """A route's filters on a whole-policy plugin reach it through `with_filters`
+    (`policies.Refilterable`); one that cannot take them is refused, not run without."""
+    from policies import Decision, Refilterable
+
+    class Fixed:
+        name = "fixed"
+        needs: frozenset[Need] = frozenset()
+
+        def decide(self, req: RequestInfo, view: ClusterView) -> Decision:
+            return Decision(view.backends[0].id)
+
+        def ranked(self, req: RequestInfo, view: ClusterView) -> tuple[Decision, ...]:
+            return (self.decide(req, view),)
+
+    class Behind(Fixed):
+        def __init__(self, filters: tuple[Any, ...] = ()) -> None:
+            self.filters = filters
+
+        def with_filters(self, filters: tuple[Any, ...]) -> Behind:
+            return Behind(filters)
+
+    r = builtins()
+    r.register("policy", "fixed", lambda params: Fixed())
+    r.register("policy", "behind", lambda params: Behind())
+    given = {"filters": ["healthy", {"type": "memory_feasible", "params": {"max_kv_usage": 0.5}}]}
+    spec = PipelineSpec.model_validate({"policy": "fixed", **given}, context={"registry": r})
+    with pytest.raises(PluginError, match="policy 'fixed' takes no filters"):
+        build_policy(spec, r)
+    assert isinstance(build_policy(spec.model_copy(update={"filters": []}), r), Fixed)
+    spec = PipelineSpec.model_validate({"policy": "behind", **given}, context={"registry": r})
+    policy = build_policy(spec, r)
+    assert isinstance(policy, Behind) and isinstance(policy, Refilterable)
+    assert not isinstance(Fixed(), Refilterable)
+    assert [f.name for f in policy.filters] == ["healthy", "memory_feasible"]
+    assert policy.filters[1] == MemoryFeasible(max_kv_usage=0.5)
