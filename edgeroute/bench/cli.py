@@ -455,6 +455,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     qp.add_argument("--json", help="also write the results as JSON here")
     qp.set_defaults(func=lambda a: _qos_pool(a))
+    qj = command(
+        "qos-join",
+        help="two simulated QoS runs of one world on the same seeds, as one run of all "
+        "their agents",
+    )
+    qj.add_argument("first", type=Path, metavar="FIRST.json", help="`bench qos` results")
+    qj.add_argument(
+        "second", type=Path, metavar="SECOND.json", help="`bench qos` results of other agents"
+    )
+    qj.add_argument("--json", help="also write the results as JSON here")
+    qj.set_defaults(func=lambda a: _qos_join(a))
     rp = command(
         "qos-replay", help="a live QoS run's own request streams replayed in the simulator"
     )
@@ -940,6 +951,15 @@ def _qos_pool(a: argparse.Namespace) -> None:
         main(a.runs, a.json)
     except NotPoolable as exc:
         raise SystemExit(f"edgeroute bench qos-pool: {exc}") from None
+
+
+def _qos_join(a: argparse.Namespace) -> None:
+    from edgeroute.bench.qos_join import NotJoinable, main
+
+    try:
+        main(a.first, a.second, a.json)
+    except NotJoinable as exc:
+        raise SystemExit(f"edgeroute bench qos-join: {exc}") from None
 
 
 def policy_pair(text: str) -> tuple[str, str]:
