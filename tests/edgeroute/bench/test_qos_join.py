@@ -54,7 +54,7 @@ def test_two_runs_joined_are_the_run_of_all_their_agents(
     assert both["config"]["models"] == whole["config"]["models"]
     assert both["config"]["joined_from"] == [runs["a"]["benchmark"], runs["b"]["benchmark"]]
     assert both["results"] == whole["results"]
-    first = [r for r in both["results"] if r["agent"]][0]
+    first = next(r for r in both["results"] if r["agent"])
     assert first["policy"] == "a" and "paired_minus_agents" in first
     # b was the first agent of its own run; joined, it is not judged against the others
     assert all("against_agents" not in r for r in both["results"] if r["policy"] == "b")
