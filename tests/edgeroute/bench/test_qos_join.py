@@ -90,7 +90,9 @@ def test_a_run_without_agents_given_by_hand_is_refused_by_the_command(tmp_path: 
         "results": [],
     }
     (tmp_path / "plain.json").write_text(json.dumps(plain))
-    done = edgeroute("bench", "qos-join", str(tmp_path / "plain.json"), str(tmp_path / "plain.json"))
+    done = edgeroute(
+        "bench", "qos-join", str(tmp_path / "plain.json"), str(tmp_path / "plain.json")
+    )
     assert done.returncode != 0
     assert "edgeroute bench qos-join: qos_routerdc: not a run of agents given with --model" in (
         done.stderr
