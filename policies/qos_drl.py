@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from policies import filters as default_filters
+from policies.filters import DEFAULT as DEFAULT_FILTERS
 from policies.onnx_session import one_thread_session
 from policies.pickers import Argmax
 from policies.pipeline import Filter, Pipeline
@@ -108,7 +108,7 @@ class QoSDRL:
         self._features: FeatureCache = {}
         self._rows: dict[tuple[str, ...], _Rows] = {}
         # the gateway's default filters, their verdicts kept per model and view epoch
-        self._filters = Pipeline("qos_drl filters", default_filters.DEFAULT, (), Argmax())
+        self._filters = Pipeline("qos_drl filters", DEFAULT_FILTERS, (), Argmax())
         self.shed, self.sample = shed, sample
         self.speed_prior = speed_prior or self.trained_with_prior
         self._target(latency_ms)

@@ -641,25 +641,29 @@ def main(
             "seeds": seeds,
         },
         rows,
-        [
-            "setting",
-            "policy",
-            "qos_ci",
-            "latency_ms",
-            "drop_rate",
-            "against_best",
-            "against_agents",
-            "paired_minus_agents",
-            "qos_ci_runs",
-            "against_best_runs",
-            "against_agents_runs",
-            "paired_minus_agents_runs",
-        ],
+        COLUMNS,
         json_path,
         notes="\n\n".join(notes),
         quick=quick,
     )
     plot(rows, output_dir(quick) / f"{result_name}.png")
+
+
+# The results table's columns: each policy's figures and `judge`'s verdicts.
+COLUMNS = [
+    "setting",
+    "policy",
+    "qos_ci",
+    "latency_ms",
+    "drop_rate",
+    "against_best",
+    "against_agents",
+    "paired_minus_agents",
+    "qos_ci_runs",
+    "against_best_runs",
+    "against_agents_runs",
+    "paired_minus_agents_runs",
+]
 
 
 def judge(here: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgeroute.bench.qos import agents_named, judge, plot
+from edgeroute.bench.qos import COLUMNS, agents_named, judge, plot
 from edgeroute.results_io import output_dir, write
 
 # The verdicts `judge` sets, taken again over the joined agents.
@@ -31,20 +31,6 @@ VERDICTS = (
     "paired_minus_agents",
     "paired_minus_agents_runs",
 )
-COLUMNS = [
-    "setting",
-    "policy",
-    "qos_ci",
-    "latency_ms",
-    "drop_rate",
-    "against_best",
-    "against_agents",
-    "paired_minus_agents",
-    "qos_ci_runs",
-    "against_best_runs",
-    "against_agents_runs",
-    "paired_minus_agents_runs",
-]
 
 
 class NotJoinable(ValueError):
@@ -69,6 +55,8 @@ def agent_names(run: dict[str, Any]) -> str:
 def joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """The run of both runs' agents: its name, config and rows, verdicts taken anew."""
     a, b = first["config"], second["config"]
+    agent_names(first)
+    suffix = agent_names(second)
     if world(a["command"]) != world(b["command"]):
         raise NotJoinable(f"other worlds: {world(a['command'])!r} against {world(b['command'])!r}")
     if a["seeds"] != b["seeds"]:
@@ -97,7 +85,6 @@ def joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
         ]
         judge(here)
         rows += here
-    suffix = agent_names(second)
     return {
         "benchmark": first["benchmark"] + suffix,
         "config": {
@@ -112,13 +99,10 @@ def joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 def main(first: Path, second: Path, json_path: str | None) -> None:
     runs = [json.loads(p.read_text()) for p in (first, second)]
-    for run in runs:
-        agent_names(run)
     out = joined(*runs)
-    config = {k: v for k, v in out["config"].items() if k != "machine"}
     write(
         out["benchmark"],
-        config,
+        out["config"],
         out["results"],
         COLUMNS,
         json_path,
