@@ -37,7 +37,7 @@ import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -71,6 +71,9 @@ from policies.qos_state import (
 from policies.scorers import mix64
 from policies.types import BackendView, ClusterView, Decision, RequestInfo
 
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+
 
 class QoSDRL:
     name = "qos_drl"
@@ -98,9 +101,7 @@ class QoSDRL:
         meta = self._session.get_modelmeta().custom_metadata_map
         # an actor trained with the prior is served with it, whatever the route says
         self.trained_with_prior = meta.get(TRAINED_WITH_SPEED_PRIOR) == "true"
-        inputs = {i.name for i in self._session.get_inputs()}
-        self._scalars, self._queues = "scalars" in inputs, "packed" in inputs
-        self._load = "load" in inputs
+        self._load = "load" in {i.name for i in self._session.get_inputs()}
         if self._load:  # an actor trained reading the arrival rate
             self.needs = self.needs | {Need.ARRIVAL_RATE}
         self._unknown = len(self.predictor.models)  # the model index of the mean of all
@@ -219,20 +220,11 @@ class QoSDRL:
         if self.speed_prior:
             experts = with_speed_prior(experts)
         rows.update(experts, self.latency)
-        feeds: dict[str, Any] = {
-            "ids": self.predictor.prompt_ids(req.prompt),
-            "model": self._model_rows(candidates),
-            "experts_own": rows.own,
-        }
-        if self._scalars:
-            feeds["scalars"] = np.array(((req.prompt_tokens, req.now, self.latency),))
-        if self._queues:
-            feeds["packed"] = rows.packed
+        rows.scalars[0] = (req.prompt_tokens, req.now, self.latency)
         if self._load:
-            feeds["load"] = np.array(
-                ((load_feature(req.arrival_rate, len(candidates)),),), np.float32
-            )
-        logits, preds = self._session.run(None, feeds)
+            rows.load[0, 0] = load_feature(req.arrival_rate, len(candidates))
+        ids, models = self.predictor.prompt_ids(req.prompt), self._model_rows(candidates)
+        logits, preds = rows.run(self._session, ids, models)
         return candidates, preds, logits[0]
 
     def _rows_of(self, candidates: Sequence[BackendView]) -> _Rows:
@@ -241,7 +233,7 @@ class QoSDRL:
         if rows is None:
             if len(self._rows) >= 256:
                 self._rows.clear()
-            rows = self._rows[key] = _Rows(len(key), self._queues)
+            rows = self._rows[key] = _Rows(self._session, len(key))
         return rows
 
     def _model_rows(self, candidates: Sequence[BackendView]) -> np.ndarray:
@@ -259,18 +251,49 @@ class QoSDRL:
 
 
 class _Rows:
-    """The graph's per-backend inputs for one set of candidates: each expert's own
-    columns (`expert_columns`, zeros where the graph adds the predictions) and, for an
-    actor that reads the queues, its packed rows. Between requests most backends keep
-    their snapshot (the gateway rebuilds the view of the one it dispatched to), so
-    only the rows of those whose snapshot changed are written again, in place."""
+    """The graph's inputs and outputs for one set of candidates, bound to the session
+    once: each expert's own columns (`expert_columns`, zeros where the graph adds the
+    predictions), for an actor that reads the queues its packed rows, the scalars, the
+    load, the logits and the predictions. Between requests most backends keep their
+    snapshot (the gateway rebuilds the view of the one it dispatched to), so only the
+    rows of those whose snapshot changed are written again, in place; a run then binds
+    only the prompt's ids and the candidates' models. Bound buffers spare each run the
+    wrapping of its inputs and the allocation of its outputs, which is most of what a
+    decision costs when other work has left the caches cold (docs/performance.md)."""
 
-    __slots__ = ("own", "packed", "snapshots")
+    __slots__ = (
+        "binding",
+        "ids",
+        "load",
+        "logits",
+        "own",
+        "packed",
+        "preds",
+        "scalars",
+        "snapshots",
+    )
 
-    def __init__(self, n: int, queues: bool) -> None:
+    def __init__(self, session: InferenceSession, n: int) -> None:
+        inputs = {i.name for i in session.get_inputs()}
         self.snapshots: list[ExpertSnapshot | None] = [None] * n
         self.own = np.zeros((1, n, F_EXPERT), np.float32)
-        self.packed = np.zeros((1, n if queues else 0, 2, QUEUE_CAP, F_REQ + 3))
+        self.packed = np.zeros((1, n if "packed" in inputs else 0, 2, QUEUE_CAP, F_REQ + 3))
+        self.scalars = np.zeros((1, 3))
+        self.load = np.zeros((1, 1), np.float32)
+        self.logits = np.zeros((1, n + 1), np.float32)
+        self.preds = np.zeros((n, 2))
+        self.binding = session.io_binding()
+        buffers = {
+            "experts_own": self.own,
+            "packed": self.packed,
+            "scalars": self.scalars,
+            "load": self.load,
+        }
+        for name in inputs & buffers.keys():
+            self.binding.bind_cpu_input(name, buffers[name])
+        for name, out in (("logits", self.logits), ("preds", self.preds)):
+            self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+        self.ids = np.zeros((1, 0), np.int64)
 
     def update(self, experts: Sequence[ExpertSnapshot], latency: float) -> None:
         queues = self.packed.shape[1] > 0
@@ -280,6 +303,18 @@ class _Rows:
                 if queues:
                     self.packed[0, i] = e.packed
                 self.snapshots[i] = e
+
+    def run(
+        self, session: InferenceSession, ids: np.ndarray, models: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The graph (`session`, the one this was bound to) on the bound buffers: the
+        logits [1, N + 1] and predictions [N, 2], this object's own arrays, overwritten
+        by its next run."""
+        self.ids = ids
+        self.binding.bind_cpu_input("ids", ids)
+        self.binding.bind_cpu_input("model", models)
+        session.run_with_iobinding(self.binding)
+        return self.logits, self.preds
 
 
 def load(

@@ -296,16 +296,15 @@ def test_warming_repeats_the_last_decision_and_changes_nothing() -> None:
     session, runs = policy._session, []
 
     class Counted:  # onnxruntime's session, its runs counted
-        def run(self, *args: Any) -> Any:
-            runs.append(args[1])
-            return session.run(*args)
+        def run_with_iobinding(self, binding: Any) -> Any:
+            runs.append(binding)
+            return session.run_with_iobinding(binding)
 
     policy._session = Counted()
     assert policy.warm()
-    assert (
-        len(runs) == 1
-        and runs[0]["ids"].tolist() == policy.predictor.prompt_ids(req.prompt).tolist()
-    )
+    (rows,) = policy._rows.values()
+    assert runs == [rows.binding]
+    assert rows.ids.tolist() == policy.predictor.prompt_ids(req.prompt).tolist()
     assert (dict(policy._features), dict(policy._models)) == kept
     assert policy.ranked(req, view) == before
     # another target's copy has not decided anything
