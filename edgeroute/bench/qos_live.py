@@ -172,6 +172,10 @@ async def run_policy(
         # what a bad run is made of: the policy's routing (all on one engine) or the
         # harness (the engines' event loop falling behind, in emulated ms)
         "busiest_share": max(answered_by.values()) / len(served) if answered_by else None,
+        # which engines answered, and how good their answers were whatever their latency:
+        # a policy that meets L but scores less picked weaker models
+        "engine_shares": {e: n / len(served) for e, n in sorted(answered_by.items())},
+        "answered_score": statistics.fmean(r[0] for r in served) if served else None,
         "loop_lag_ms": percentile(lags, 99) * speedup * 1e3 if lags else None,
         # how late the client sent: the arrival process the engines really saw
         "send_late_ms": percentile(late, 99) * speedup * 1e3 if late else None,
@@ -343,6 +347,7 @@ COLUMNS = [
     "requests",
     "errors",
     "busiest_share",
+    "answered_score",
     "worst_loop_lag_ms",
     "worst_send_late_ms",
     "prefill_skipped",
@@ -388,9 +393,10 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "requests": sum(r["requests"] for r in mine),
                 "errors": sum(r["errors"] for r in mine),
                 "busiest_share": statistics.fmean(r["busiest_share"] or 0.0 for r in mine),
+                "answered_score": _mean(r.get("answered_score") for r in mine),
                 "worst_loop_lag_ms": max(r["loop_lag_ms"] or 0.0 for r in mine),
                 "worst_send_late_ms": max(r.get("send_late_ms") or 0.0 for r in mine),
-                "prefill_skipped": _share(r.get("prefill_skipped") for r in mine),
+                "prefill_skipped": _mean((r.get("prefill_skipped") for r in mine), ".0%"),
                 "by_run_qos": ", ".join(f"{q:.3f}" for q in by_run(mine).values()),
                 "per_seed_qos": [r["qos"] for r in mine],
                 "per_seed_drop_rate": [r["drop_rate"] for r in mine],
@@ -400,6 +406,8 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
                 "per_seed_send_late_ms": [r.get("send_late_ms") for r in mine],
                 "per_seed_prefill_skipped": [r.get("prefill_skipped") for r in mine],
                 "per_seed_run": [r.get("run") for r in mine],
+                "per_seed_answered_score": [r.get("answered_score") for r in mine],
+                "per_seed_engine_shares": [r.get("engine_shares") for r in mine],
             }
         )
     learned = [r for r in summary if r["policy"] in agents]
@@ -410,10 +418,10 @@ def summarise(rows: list[dict[str, Any]], agents: list[str]) -> list[dict[str, A
     return summary
 
 
-def _share(shares: Iterator[float | None]) -> str:
-    """A mean share over seeds as a percentage, or "" where a run did not record it."""
-    known = [s for s in shares if s is not None]
-    return f"{statistics.fmean(known):.0%}" if known else ""
+def _mean(values: Iterator[float | None], spec: str = ".3f") -> str:
+    """A mean over seeds formatted by `spec`, or "" where a run did not record it."""
+    known = [v for v in values if v is not None]
+    return format(statistics.fmean(known), spec) if known else ""
 
 
 def live_stream(
@@ -599,7 +607,9 @@ def main(run: LivePlan, json_path: str | None) -> None:
             "`by_run_qos`: an agent's mean QoS over the seeds each of its runs served, "
             "in run order. "
             "`busiest_share`: the share of answers from the engine that gave most, "
-            "averaged over seeds; `worst_loop_lag_ms`: the highest over seeds of the p99 "
+            "averaged over seeds; `answered_score`: the mean score of the answers, whatever "
+            "their latency, averaged over seeds (which models a policy picked; each "
+            "seed's share per engine is in the JSON); `worst_loop_lag_ms`: the highest over seeds of the p99 "
             "of how late the engines' event loop woke (emulated ms): a run where it is "
             "large measured the harness, not the policy; `worst_send_late_ms`: the "
             "highest over seeds of the p99 of how late the client sent a request after "

@@ -71,6 +71,8 @@ def _per_seed(config: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any
             "loop_lag_ms": row["per_seed_loop_lag_ms"][k],
             "send_late_ms": row.get("per_seed_send_late_ms", [None] * len(seeds))[k],
             "prefill_skipped": row.get("per_seed_prefill_skipped", [None] * len(seeds))[k],
+            "answered_score": row.get("per_seed_answered_score", [None] * len(seeds))[k],
+            "engine_shares": row.get("per_seed_engine_shares", [None] * len(seeds))[k],
             "latency_ms": row["latency_ms"],
             "requests": row["requests"] // len(seeds),
             "errors": row["errors"] if k == 0 else 0,

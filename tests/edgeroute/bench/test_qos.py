@@ -454,6 +454,13 @@ def test_live_qos_answers_or_sheds_every_request_through_a_gateway_process() -> 
     assert 0.0 <= r["qos"] <= r["met_share"] <= 1.0 - r["drop_rate"]
     # every answer names its engine, and the engines' loop was watched throughout
     assert 1 / 6 <= r["busiest_share"] <= 1.0 and r["loop_lag_ms"] >= 0.0
+    # the shares per engine are of the answered requests, the busiest among them
+    shares = r["engine_shares"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert max(shares.values()) == r["busiest_share"]
+    # the answers' own score, latency aside: at least what QoS counts of them
+    answered = 1.0 - r["drop_rate"]
+    assert r["qos"] <= r["answered_score"] * answered + 1e-12 and r["answered_score"] <= 1.0
     assert r["send_late_ms"] >= 0.0  # and how late the client sent, too
     assert _children() <= before
 
@@ -472,6 +479,8 @@ def test_a_live_run_with_more_engines_serves_from_every_one_of_them() -> None:
     )
     assert r["requests"] == 24 and r["drop_rate"] == 0.0 and r["errors"] == 0
     assert r["busiest_share"] == pytest.approx(1 / 8)
+    assert len(r["engine_shares"]) == 8
+    assert all(v == pytest.approx(1 / 8) for v in r["engine_shares"].values())
 
 
 @needs_data("the RouterDC data")
@@ -661,9 +670,9 @@ def test_a_live_summary_pairs_each_policy_by_seed_with_least_load_and_the_agents
         run(1, "least_load", 0.2),
         run(2, "least_load", 0.3),
         run(3, "least_load", 0.3),
-        {**run(1, "full", 0.4), "run": 0},
-        {**run(2, "full", 0.25), "run": 1},
-        {**run(3, "full", 0.3), "run": 0},
+        {**run(1, "full", 0.4), "run": 0, "answered_score": 0.5, "engine_shares": {"a": 1.0}},
+        {**run(2, "full", 0.25), "run": 1, "answered_score": 0.6, "engine_shares": {"b": 1.0}},
+        {**run(3, "full", 0.3), "run": 0, "answered_score": 0.7, "engine_shares": {"a": 1.0}},
         {**run(1, "dsa", 0.1), "run": 0},
         {**run(2, "dsa", 0.2), "run": 0},
         {**run(3, "dsa", 0.2), "run": 0},
@@ -681,6 +690,10 @@ def test_a_live_summary_pairs_each_policy_by_seed_with_least_load_and_the_agents
     assert summary["dsa"]["by_run_qos"] == "0.167"
     assert summary["least_load"]["by_run_qos"] == ""
     assert summary["least_load"]["per_seed_run"] == [None, None, None]
+    # the answers' score and the engines that gave them, where a run recorded them
+    assert summary["full"]["answered_score"] == "0.600"
+    assert summary["full"]["per_seed_engine_shares"][1] == {"b": 1.0}
+    assert summary["dsa"]["answered_score"] == ""
 
 
 def test_an_episode_pauses_the_collector_and_collects_its_cycles_after() -> None:

@@ -110,6 +110,24 @@ def test_each_student_is_read_on_the_seeds_it_served_in_its_own_run() -> None:
     assert by_policy(summary)["RR"]["by_run_qos"] == ""
 
 
+def test_the_answers_score_and_engines_pool_where_a_run_recorded_them(
+    runs: list[dict[str, Any]],
+) -> None:
+    """Runs from before `answered_score` was recorded pool with those after: the pooled
+    mean reads the seeds that have it, and each seed keeps its engines' shares."""
+    first, second = copy.deepcopy(runs[0]), runs[1]
+    row = by_policy(first["results"])["ep-full"]
+    seeds = len(first["config"]["seeds"])
+    row["per_seed_answered_score"] = [0.5] * (seeds - 1) + [0.8]
+    row["per_seed_engine_shares"] = [{"a": 1.0}] * seeds
+    _, summary = pool([first, second])
+    full = by_policy(summary)["ep-full"]
+    assert full["answered_score"] == f"{(0.5 * (seeds - 1) + 0.8) / seeds:.3f}"
+    assert full["per_seed_engine_shares"][:seeds] == [{"a": 1.0}] * seeds
+    assert full["per_seed_engine_shares"][seeds:] == [None] * len(second["config"]["seeds"])
+    assert by_policy(summary)["RR"]["answered_score"] == ""
+
+
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
