@@ -225,6 +225,13 @@ def engine_id(profile: str, i: int) -> str:
     return profile if round_ == 0 else f"{profile}-{round_ + 1}"
 
 
+def engine_models(quality: Quality, engines: int) -> dict[str, str]:
+    """Each engine's backend id (named after its hardware profile) and the model it
+    answers as: the key to a run's `engine_shares`."""
+    fleet = engine_fleet(QUALITY_MODELS[quality], engines)
+    return {engine_id(profile, i): model for i, (profile, model) in enumerate(fleet)}
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """This process's garbage collector off for an episode, and a collection after it.
@@ -615,7 +622,12 @@ def main(run: LivePlan, json_path: str | None) -> None:
             "highest over seeds of the p99 of how late the client sent a request after "
             "its instant (emulated ms; each send aims at its own instant, so lateness "
             "does not add up); `prefill_skipped`: the share of prompt tokens whose "
-            "prefill the engines' prefix caches skipped, averaged over seeds."
+            "prefill the engines' prefix caches skipped, averaged over seeds. "
+            "The engines (backend id: the model it answers as): "
+            + ", ".join(
+                f"`{e}`: {m.rsplit('/', 1)[-1]}" for e, m in engine_models(quality, engines).items()
+            )
+            + "."
         ),
         quick=run.quick,
     )

@@ -628,6 +628,21 @@ def test_a_live_run_with_more_engines_says_they_cycle_the_models() -> None:
     assert "7 models, each cycled" in twelve
 
 
+def test_a_live_run_records_which_model_each_engine_answers_as() -> None:
+    """Backend ids name the hardware profile; at twelve engines the six profiles and
+    RouterDC's seven models cycle apart, so the id alone does not say the model."""
+    from edgeroute.bench.qos_live import engine_models
+    from edgeroute.sim.edge import QUALITY_MODELS
+    from workers.profiles import EXPERTS
+
+    models = QUALITY_MODELS["routerdc"]
+    twelve = engine_models("routerdc", 12)
+    assert len(twelve) == 12
+    assert twelve[EXPERTS[0]] == models[0]
+    assert twelve[f"{EXPERTS[0]}-2"] == models[6]  # the seventh engine: profile 1, model 7
+    assert twelve[f"{EXPERTS[2]}-2"] == models[1]
+
+
 def test_a_live_request_whose_connection_fails_is_an_error_not_a_crash() -> None:
     """The hostile twin of the live harness: a server that closes every connection
     without answering. Each request is kept, scored 0 and counted as failed."""
