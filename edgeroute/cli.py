@@ -17,6 +17,7 @@ import yaml
 from edgeroute.bench.cli import (
     DefaultsHelp,
     add_fleet_options,
+    experts_range,
     fleet_from,
     positive_ms,
     positive_range,
@@ -243,6 +244,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         variant=args.variant,
         quality=args.quality,
         experts=args.experts,
+        experts_range=args.experts_range,
         rate=args.rate,
         latency_ms=args.latency_ms,
         randomise=args.randomise,
@@ -637,6 +639,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffer", type=int, default=t.buffer, help="transitions the replay keeps, newest first"
     )
     q.add_argument("--experts", type=int, default=t.experts, help="N, the expert servers")
+    q.add_argument(
+        "--experts-range",
+        type=experts_range,
+        default=t.experts_range,
+        metavar="LO,HI",
+        help="draw each episode's N in [LO, HI] instead of --experts",
+    )
     q.add_argument("--rate", type=float, default=t.rate, help="Poisson arrivals per second")
     q.add_argument("--latency-ms", type=float, default=t.latency_ms, help="L, per token")
     q.add_argument(

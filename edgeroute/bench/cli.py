@@ -33,6 +33,14 @@ def positive_range(text: str) -> tuple[float, float]:
     return low, high
 
 
+def experts_range(text: str) -> tuple[int, int]:
+    """`--experts-range LO,HI`: fleet sizes, whole numbers with 1 <= LO <= HI."""
+    low, high = positive_range(text)
+    if low < 1 or low != int(low) or high != int(high):
+        raise argparse.ArgumentTypeError(f"expected whole numbers of experts LO,HI, not {text!r}")
+    return int(low), int(high)
+
+
 def add_fleet_options(p: argparse.ArgumentParser) -> None:
     """How the simulated experts are drawn (`edgeroute.sim.edge.Fleet`): the same options
     for `train qos`, `bench qos` and `bench qos-impact`, so an agent is measured in the

@@ -193,6 +193,10 @@ class TrainConfig:
     variant: str = "full"
     quality: Quality = "routerbench"
     experts: int = 6
+    # Or, when set, each episode's N is drawn in this range (inclusive), observations
+    # padded to its top: one agent for small fleets and large ones, and for fleets
+    # where a weak fast engine sits beside strong slow ones (docs/research.md, (233)).
+    experts_range: tuple[int, int] | None = None
     rate: float = DEFAULT_RATE
     latency_ms: float = DEFAULT_LATENCY_MS
     # "request": each decision is credited with the QoS of the request it routed (and
@@ -304,6 +308,10 @@ class TrainConfig:
         if self.trace_share and not self.trace:
             raise ValueError("a share of trace episodes needs a trace to read them from")
         check_range(self.rates, "lambda per second")
+        if self.experts_range is not None:
+            low, high = self.experts_range
+            if not 1 <= low <= high or low != int(low) or high != int(high):
+                raise ValueError(f"expected N from 1, low then high, not {low},{high}")
         check_range(self.latencies_ms, "L in ms")
         if self.latency_over_fastest is not None:
             check_range(self.latency_over_fastest, "L's factor over the fastest expert")
@@ -343,6 +351,11 @@ class TrainConfig:
                     f" --{option} {value:g}" if isinstance(value, float) else f" --{option} {value}"
                 )
         return "".join(out)
+
+    @property
+    def most_experts(self) -> int:
+        """The largest fleet an episode may draw: what observations are padded to."""
+        return self.experts if self.experts_range is None else self.experts_range[1]
 
     @property
     def reward(self) -> str:

@@ -116,7 +116,12 @@ class SAC:
         self.opt_actor = torch.optim.Adam(self.actor.head.parameters(), lr=c.lr)
         self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=c.lr)
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=c.lr)
-        self.target_entropy = c.target_entropy_ratio * math.log(experts + int(c.drop))
+        # The target entropy by fleet size (`target_entropy[n]`, n up to `experts`, the
+        # largest fleet trained on): a share of the most a policy over n experts (and
+        # the drop) can have, so that episodes of several sizes each get their own.
+        self.target_entropy = torch.tensor(
+            [c.target_entropy_ratio * math.log(max(1, n + int(c.drop))) for n in range(experts + 1)]
+        )
 
     @property
     def alpha(self) -> Tensor:
@@ -166,7 +171,8 @@ class SAC:
         self.opt_actor.step()
 
         entropy = -(p * logp).sum(-1).detach()
-        loss_alpha = (self.log_alpha * (entropy - self.target_entropy)).mean()
+        target = self.target_entropy[obs[MASK].sum(-1).long()]
+        loss_alpha = (self.log_alpha * (entropy - target)).mean()
         self.opt_alpha.zero_grad()
         loss_alpha.backward()
         self.opt_alpha.step()

@@ -51,6 +51,7 @@ from edgeroute.sim.edge import (
     Task,
     default_experts,
     load_tasks,
+    observe,
     trace_arrivals,
 )
 from edgeroute.sim.workload import TraceRequest, read_trace
@@ -88,6 +89,22 @@ def experts_for(cfg: TrainConfig, hardware: int, n: int | None = None) -> list[E
         models=QUALITY_MODELS[cfg.quality],
         fleet=cfg.fleet,
     )
+
+
+def fleet_size(cfg: TrainConfig, rng: np.random.Generator) -> int:
+    """A new episode's N: `cfg.experts`, or (with `cfg.experts_range`) a draw in the
+    range; without a range nothing is drawn, so other configs train as before."""
+    if cfg.experts_range is None:
+        return cfg.experts
+    low, high = cfg.experts_range
+    return int(rng.integers(low, high + 1))
+
+
+def observed(env: EdgeEnv, cfg: TrainConfig) -> Obs:
+    """A training observation, padded to the largest fleet an episode may draw so that
+    the environments' observations stack (padding changes nothing for the real
+    experts: `tests/edgeroute/qos/test_model.py`)."""
+    return observe(env, cfg.most_experts)
 
 
 def make_env(
@@ -143,7 +160,7 @@ def new_episode(
     from the config's ranges, and with probability `cfg.trace_share` the arrivals of a
     window of `trace` (the trace read from `cfg.trace`) at that lambda."""
     hardware = int(rng.integers(TRAIN_HARDWARE.start, TRAIN_HARDWARE.stop))
-    experts = experts_for(cfg, hardware)
+    experts = experts_for(cfg, hardware, fleet_size(cfg, rng))
     rate, latency = cfg.rate, cfg.latency_ms / 1000
     if cfg.randomise:
         rate = float(rng.uniform(*cfg.rates))
@@ -180,14 +197,14 @@ class Herd(NamedTuple):
     decisions: int = 0
 
 
-def herded_start(cfg: TrainConfig, rng: np.random.Generator) -> Herd:
-    """A new episode's first decisions that go to one expert drawn at random (with
-    probability `cfg.herded_starts`; else none). Stored like any other, they show the
+def herded_start(cfg: TrainConfig, rng: np.random.Generator, experts: int) -> Herd:
+    """A new episode's first decisions that go to one of its `experts` drawn at random
+    (with probability `cfg.herded_starts`; else none). Stored like any other, they show the
     critic where herding leads and what leaving it is worth, states a steady actor
     seldom visits (docs/research.md, (145))."""
     if cfg.herded_starts == 0 or rng.random() >= cfg.herded_starts:
         return Herd()
-    return Herd(int(rng.integers(1, cfg.experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1)))
+    return Herd(int(rng.integers(1, experts + 1)), int(rng.integers(1, HERD_DECISIONS + 1)))
 
 
 def weighed(reward: float, penalty: float, scale: float) -> float:
@@ -303,11 +320,11 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     trace = training_trace(cfg, data_dir)
     envs = [make_env(cfg, data_dir, predictor=predictor, tasks=tasks) for _ in range(cfg.envs)]
     eval_env = make_env(cfg, data_dir, episode_len=512, predictor=predictor, tasks=tasks)
-    sac = SAC(cfg.sac(), experts=cfg.experts)
+    sac = SAC(cfg.sac(), experts=cfg.most_experts)
     for env in envs:
         new_episode(env, cfg, rng, trace)
-    forced = [herded_start(cfg, rng) for _ in envs]
-    obs = [env.observe() for env in envs]
+    forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
+    obs = [observed(env, cfg) for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
     pending = [Pending(replay, cfg.impact_scale) for _ in envs]
     out.mkdir(parents=True, exist_ok=True)
@@ -336,8 +353,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         for env in envs:  # episodes restart (their pending credit is lost); the learner
             # and its memory carry on
             new_episode(env, cfg, rng, trace)
-        forced = [herded_start(cfg, rng) for _ in envs]
-        obs = [env.observe() for env in envs]
+        forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
+        obs = [observed(env, cfg) for env in envs]
         print(f"resumed {ckpt} at step {step}", flush=True)
     started = time.time() - seconds
     last_log: dict[str, float] = {}
@@ -349,7 +366,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     while step < cfg.steps:
         t0 = time.perf_counter()
         if step < cfg.warmup:
-            actions = rng.integers(int(not cfg.drop), cfg.experts + 1, len(envs))
+            # one draw per environment in its own fleet (the same draws as one bound)
+            actions = rng.integers(int(not cfg.drop), [len(env.experts) + 1 for env in envs])
         else:
             actions = sac.act_batch(stack(obs), greedy=False, rng=rng)
         for k, herd in enumerate(forced):
@@ -360,7 +378,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
         for k, env in enumerate(envs):
             t0 = time.perf_counter()
             r, done = env.step(int(actions[k]))
-            nxt = env.observe()
+            nxt = observed(env, cfg)
             t1 = time.perf_counter()
             spent["simulator"] += t1 - t0
             if cfg.credit == "request":
@@ -373,8 +391,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
                 new_episode(env, cfg, rng, trace)
-                forced[k] = herded_start(cfg, rng)
-                nxt = env.observe()
+                forced[k] = herded_start(cfg, rng, len(env.experts))
+                nxt = observed(env, cfg)
             obs[k] = nxt
             spent["credit and replay"] += time.perf_counter() - t1
         before, step = step, step + len(envs)
@@ -487,7 +505,7 @@ def export_last(run: Path, out: Path) -> dict[str, object]:
         raise ValueError(f"{run} has no checkpoint (they are not committed)")
     state = torch.load(ckpt, weights_only=False)
     cfg = TrainConfig.from_record(state["config"])
-    sac = SAC(cfg.sac(), experts=cfg.experts)
+    sac = SAC(cfg.sac(), experts=cfg.most_experts)
     sac.load_state_dict(state["sac"])
     out.mkdir(parents=True, exist_ok=True)
     export_actor(sac.actor, out / "actor.onnx", cfg.speed_prior)

@@ -399,6 +399,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         variant="dsa",
         quality="routerdc",
         experts=3,
+        experts_range=(2, 5),
         rate=4.0,
         latency_ms=25.0,
         credit="completion",

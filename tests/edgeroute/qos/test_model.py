@@ -143,7 +143,7 @@ def test_without_herded_starts_an_episode_starts_as_it_always_did() -> None:
 
     rng = np.random.default_rng(0)
     before = rng.bit_generator.state
-    assert herded_start(TrainConfig(), rng) == Herd()
+    assert herded_start(TrainConfig(), rng, 6) == Herd()
     assert rng.bit_generator.state == before  # committed runs rebuild bit for bit
     with pytest.raises(ValueError, match="share of episodes"):
         TrainConfig(herded_starts=1.5)
@@ -295,8 +295,8 @@ def test_an_agent_trained_without_the_drop_never_drops(tmp_path: Path) -> None:
     entropy is over the experts alone, and the exported actor's drop logit is NEG
     whatever the state, so served with shedding on it still never sheds."""
     cfg = tiny(drop=False)
-    assert SAC(cfg.sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(6))
-    assert SAC(tiny().sac(), experts=6).target_entropy == pytest.approx(0.5 * np.log(7))
+    assert SAC(cfg.sac(), experts=6).target_entropy[6] == pytest.approx(0.5 * np.log(6))
+    assert SAC(tiny().sac(), experts=6).target_entropy[6] == pytest.approx(0.5 * np.log(7))
     train(cfg, DATA_DIR, tmp_path)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     actions = np.asarray(ckpt["replay"]["action"])
@@ -542,6 +542,63 @@ def test_episodes_draw_their_setting_from_the_configured_range(
     assert all(low <= x <= high for x in draws) and len(set(draws)) == 20
     new_episode(env, tiny(), rng)
     assert paper[0] <= drawn(env) <= paper[1]  # the paper's sweep by default
+
+
+def test_without_a_fleet_range_an_episode_draws_no_fleet_size() -> None:
+    from edgeroute.qos.train import fleet_size
+
+    rng = np.random.default_rng(0)
+    before = rng.bit_generator.state
+    assert fleet_size(TrainConfig(experts=5), rng) == 5
+    assert rng.bit_generator.state == before  # committed runs rebuild bit for bit
+    assert TrainConfig(experts=5).most_experts == 5
+    assert TrainConfig(experts_range=(3, 12)).most_experts == 12
+    for bad in ((0, 4), (5, 3), (2.5, 4)):
+        with pytest.raises(ValueError, match="expected N from 1"):
+            TrainConfig(experts_range=bad)  # type: ignore[arg-type]
+
+
+@needs_data("the quality data")
+def test_episodes_draw_their_fleet_size_and_observations_pad_to_the_largest() -> None:
+    from edgeroute.qos.train import make_env, new_episode, observed
+
+    cfg = tiny(experts_range=(3, 7))
+    env = make_env(cfg, DATA_DIR)
+    rng = np.random.default_rng(0)
+    sizes = []
+    for _ in range(40):
+        new_episode(env, cfg, rng)
+        sizes.append(len(env.experts))
+        obs = observed(env, cfg)
+        assert obs["experts"].shape[0] == 7 and obs["expert_mask"].sum() == len(env.experts)
+    assert set(sizes) == {3, 4, 5, 6, 7}
+
+
+def test_the_target_entropy_is_a_share_of_each_fleets_most() -> None:
+    """A batch mixing fleet sizes tunes the temperature towards each sample's own
+    target: at the target entropy for its size, a sample pulls alpha neither way."""
+    sac = SAC(TrainConfig(drop=False, experts_range=(2, 8)).sac(), experts=8)
+    assert sac.target_entropy[3] == pytest.approx(0.5 * np.log(3))
+    assert sac.target_entropy[8] == pytest.approx(0.5 * np.log(8))
+    with_drop = SAC(TrainConfig().sac(), experts=8)
+    assert with_drop.target_entropy[3] == pytest.approx(0.5 * np.log(4))
+
+
+@needs_data("the quality data")
+def test_a_run_over_fleet_sizes_trains_on_each_and_acts_within_each_fleet(
+    tmp_path: Path,
+) -> None:
+    """Transitions of several fleet sizes share one replay; no action, in the warm-up
+    or after it, names an expert its episode's fleet does not have."""
+    cfg = tiny(experts_range=(2, 5), drop=False, credit="completion", episode_len=16)
+    result = train(cfg, DATA_DIR, tmp_path)
+    assert result["onnx_parity_max_abs"] < 1e-4  # type: ignore[operator]
+    replay = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["replay"]
+    sizes = replay["obs"]["expert_mask"].sum(-1)
+    assert replay["obs"]["expert_mask"].shape[1] == 5 and set(sizes.tolist()) == {2, 3, 4, 5}
+    actions = np.asarray(replay["action"])
+    assert actions.min() >= 1 and (actions <= sizes).all()
+    assert (actions[cfg.warmup :] <= sizes[cfg.warmup :]).all()
 
 
 def test_the_arrival_rate_range_is_low_then_high() -> None:
