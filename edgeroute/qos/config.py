@@ -194,8 +194,8 @@ class TrainConfig:
     quality: Quality = "routerbench"
     experts: int = 6
     # Or, when set, each episode's N is drawn in this range (inclusive), observations
-    # padded to its top: one agent for small fleets and large ones, and for fleets
-    # where a weak fast engine sits beside strong slow ones (docs/research.md, (233)).
+    # padded to its top: one agent for small fleets and large ones. Tried at 3-12 and
+    # lost at every size to six-expert training (docs/research.md, (233) and (234)).
     experts_range: tuple[int, int] | None = None
     rate: float = DEFAULT_RATE
     latency_ms: float = DEFAULT_LATENCY_MS
