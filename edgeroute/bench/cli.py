@@ -34,11 +34,13 @@ def positive_range(text: str) -> tuple[float, float]:
 
 
 def experts_range(text: str) -> tuple[int, int]:
-    """`--experts-range LO,HI`: fleet sizes, whole numbers with 1 <= LO <= HI."""
-    low, high = positive_range(text)
-    if low < 1 or low != int(low) or high != int(high):
-        raise argparse.ArgumentTypeError(f"expected whole numbers of experts LO,HI, not {text!r}")
-    return int(low), int(high)
+    """`--experts-range LO,HI`: two whole numbers of experts (`TrainConfig` checks
+    that 1 <= LO <= HI)."""
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers LO,HI, not {text!r}") from None
+    return low, high
 
 
 def add_fleet_options(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from edgeroute.bench.cli import fleet_from
 from edgeroute.bench.qos_live import LivePlan
-from edgeroute.cli import build_parser, train_config
+from edgeroute.cli import build_parser, main, train_config
 from edgeroute.qos.config import RECORD, TrainConfig, read_record
 from edgeroute.sim.edge import Fleet
 from gateway.ports import free_ports
@@ -137,6 +137,22 @@ def test_a_quick_run_writes_beside_the_results_never_over_them() -> None:
         assert f"wrote {results_io.QUICK / name}" in r.stdout
         assert (results_io.QUICK / name).stat().st_size > 0
     assert {p: p.stat().st_mtime_ns for p in results_io.RESULTS.iterdir()} == tracked
+
+
+def test_a_fleet_size_range_is_whole_numbers_from_1_low_then_high(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The option reads two whole numbers; `TrainConfig` alone checks their order."""
+    parser = build_parser()
+    args = parser.parse_args(["train", "qos", "--experts-range", "3,12"])
+    assert args.experts_range == (3, 12) and train_config(args).most_experts == 12
+    for bad in ("3.5,12", "3", "a,b"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["train", "qos", "--experts-range", bad])
+        assert "--experts-range: expected whole numbers" in capsys.readouterr().err
+    for bad in ("0,4", "5,3"):
+        with pytest.raises(SystemExit, match="expected N from 1, low then high"):
+            main(["train", "qos", "--experts-range", bad, "--steps", "1"])
 
 
 def test_a_latency_range_is_low_then_high(capsys: pytest.CaptureFixture[str]) -> None:
