@@ -194,8 +194,9 @@ class TrainConfig:
     quality: Quality = "routerbench"
     experts: int = 6
     # Or, when set, each episode's N is drawn in this range (inclusive), observations
-    # padded to its top: one agent for small fleets and large ones. Tried at 3-12: level
-    # with six-expert training at 9 and 12, below it at 3 and 6 (docs/research.md, (233)).
+    # padded to its top: one agent for small fleets and large ones. Tried at 3-12 alone
+    # (one seed): level with six-expert training at 9 and 12, below it at 3 and 6
+    # (docs/research.md, (234)).
     experts_range: tuple[int, int] | None = None
     rate: float = DEFAULT_RATE
     latency_ms: float = DEFAULT_LATENCY_MS
