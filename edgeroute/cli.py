@@ -263,6 +263,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         credit=args.credit,
         impact=args.impact,
         impact_scale=args.impact_scale,
+        impact_scale_by_rate=args.impact_scale_by_rate,
         steps=args.steps,
         episode_len=args.episode_len,
         warmup=min(args.warmup, args.steps),
@@ -754,6 +755,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=t.impact_scale,
         help="the impact penalty's weight in a decision's reward (eq. 16: 1)",
+    )
+    q.add_argument(
+        "--impact-scale-by-rate",
+        type=positive_range,
+        default=t.impact_scale_by_rate,
+        metavar="LIGHT,HEAVY",
+        help="scale the impact penalty's weight by LIGHT at the bottom of --rates and "
+        "HEAVY at its top, linear in each episode's lambda between",
     )
     q.add_argument("--seed", type=int, default=t.seed, help="the training seed")
     q.add_argument(

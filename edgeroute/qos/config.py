@@ -214,6 +214,11 @@ class TrainConfig:
     # departure from the paper's letter, tried to give the impact more say beside the
     # routed request's own QoS (docs/research.md, (178)).
     impact_scale: float = 1.0
+    # When set, the weight is also scaled by each episode's lambda: by the first at the
+    # bottom of `rates`, the second at the top, linear between. A single weight trades one load
+    # against another ((178), (236)); this one asks for care where engines are scarce
+    # and for the best engine where they are not (docs/research.md, (237)).
+    impact_scale_by_rate: tuple[float, float] | None = None
     randomise: bool = True  # each episode draws lambda in `rates` and L in `latencies_ms`
     # The range lambda (requests per second) is drawn from: the paper's sweep by default.
     # A wider one puts the sweep's heaviest load inside what training sees rather than
@@ -320,6 +325,8 @@ class TrainConfig:
             raise ValueError(f"the discount is in [0, 1), not {self.gamma}")
         if self.impact_scale < 0:
             raise ValueError(f"the impact penalty's weight is at least 0, not {self.impact_scale}")
+        if self.impact_scale_by_rate is not None:
+            check_range(self.impact_scale_by_rate, "the impact penalty's factors by lambda")
         if self.impact in HINDSIGHT and self.credit != "request":
             # completions credited as they happen would carry no penalty at all
             raise ValueError(f"the {self.impact} impact is credited per request (credit 'request')")
@@ -357,6 +364,15 @@ class TrainConfig:
     def most_experts(self) -> int:
         """The largest fleet an episode may draw: what observations are padded to."""
         return self.experts if self.experts_range is None else self.experts_range[1]
+
+    def impact_weight(self, rate: float) -> float:
+        """The impact penalty's weight in an episode of `rate` requests per second."""
+        if self.impact_scale_by_rate is None:
+            return self.impact_scale
+        light, heavy = self.impact_scale_by_rate
+        low, high = self.rates
+        share = (rate - low) / (high - low) if high > low else 0.0
+        return self.impact_scale * (light + (heavy - light) * min(max(share, 0.0), 1.0))
 
     @property
     def reward(self) -> str:

@@ -223,7 +223,8 @@ class Pending:
 
     def __init__(self, replay: Replay, impact_scale: float = 1.0) -> None:
         self.replay = replay
-        self.impact_scale = impact_scale  # the penalty's weight (`TrainConfig.impact_scale`)
+        # the penalty's weight in the episode under way (`TrainConfig.impact_weight`)
+        self.impact_scale = impact_scale
         self.waiting: list[tuple[Req, Obs, int, float, Obs, bool]] = []
 
     def add(self, env: EdgeEnv, obs: Obs, action: int, nxt: Obs, done: bool) -> None:
@@ -326,7 +327,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
     obs = [observed(env, cfg) for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
-    pending = [Pending(replay, cfg.impact_scale) for _ in envs]
+    pending = [Pending(replay, cfg.impact_weight(env.rate)) for env in envs]
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     step, best, history, seconds = 0, -1.0, [], 0.0
@@ -355,6 +356,8 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             new_episode(env, cfg, rng, trace)
         forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
         obs = [observed(env, cfg) for env in envs]
+        for env, credit in zip(envs, pending, strict=True):
+            credit.impact_scale = cfg.impact_weight(env.rate)
         print(f"resumed {ckpt} at step {step}", flush=True)
     started = time.time() - seconds
     last_log: dict[str, float] = {}
@@ -387,10 +390,11 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                     env.drain()  # every routed request finishes, so all are credited
                 pending[k].settle(env, ended=done)
             else:  # the paper's letter: completions are rewarded when they happen
-                r = weighed(r, env.last_penalty, cfg.impact_scale)
+                r = weighed(r, env.last_penalty, pending[k].impact_scale)
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
                 new_episode(env, cfg, rng, trace)
+                pending[k].impact_scale = cfg.impact_weight(env.rate)
                 forced[k] = herded_start(cfg, rng, len(env.experts))
                 nxt = observed(env, cfg)
             obs[k] = nxt

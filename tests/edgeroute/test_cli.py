@@ -421,6 +421,7 @@ def test_a_configs_flags_give_it_back_through_the_command_line() -> None:
         credit="completion",
         impact="pushed",
         impact_scale=2.5,
+        impact_scale_by_rate=(0.5, 2.0),
         randomise=False,
         rates=(2.0, 10.0),
         latencies_ms=(10.0, 30.0),

@@ -821,6 +821,42 @@ def test_completion_credit_weighs_the_penalty_its_reward_holds() -> None:
     assert weighed(0.7, 0.2, 0.0) == pytest.approx(0.9)  # no penalty at all
 
 
+def test_the_impact_weight_can_follow_the_episodes_load() -> None:
+    """`--impact-scale-by-rate LIGHT,HEAVY`: the weight scaled by LIGHT at the bottom
+    of the rates drawn, HEAVY at the top, linear between and held beyond."""
+    cfg = TrainConfig(rates=(3.0, 8.0), impact_scale_by_rate=(0.5, 1.5))
+    assert cfg.impact_weight(3.0) == 0.5 and cfg.impact_weight(8.0) == 1.5
+    assert cfg.impact_weight(5.5) == pytest.approx(1.0)
+    assert cfg.impact_weight(10.0) == 1.5 and cfg.impact_weight(1.0) == 0.5
+    assert TrainConfig(impact_scale=2.0).impact_weight(7.0) == 2.0
+    assert cfg.flags() == " --impact-scale-by-rate 0.5,1.5"
+    assert TrainConfig.from_record({"variant": "full", "impact_scale_by_rate": [0.5, 1.5]}) == cfg
+    both = TrainConfig(rates=(3.0, 8.0), impact_scale=2.0, impact_scale_by_rate=(0.5, 1.5))
+    assert both.impact_weight(3.0) == 1.0 and both.impact_weight(8.0) == 3.0
+    with pytest.raises(ValueError):
+        TrainConfig(impact_scale_by_rate=(1.5, 0.5))
+
+
+@needs_data("the quality data")
+def test_training_weighs_each_episodes_penalty_by_its_own_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short run with the weight following the load: every episode's credit is
+    weighed by that episode's lambda, set again at each new episode."""
+    seen: list[tuple[float, float]] = []
+    settle = training.Pending.settle
+
+    def watched(self: training.Pending, env: EdgeEnv, ended: bool = False) -> None:
+        seen.append((env.rate, self.impact_scale))
+        settle(self, env, ended)
+
+    monkeypatch.setattr(training.Pending, "settle", watched)
+    cfg = tiny(impact="hindsight", impact_scale_by_rate=(0.5, 1.5), episode_len=40)
+    train(cfg, DATA_DIR, tmp_path)
+    assert len({rate for rate, _ in seen}) > 4  # several episodes, each its own lambda
+    assert all(weight == pytest.approx(cfg.impact_weight(rate)) for rate, weight in seen)
+
+
 def test_the_impact_penalty_is_never_weighed_below_0() -> None:
     with pytest.raises(ValueError, match="at least 0"):
         TrainConfig(impact_scale=-1.0)
