@@ -215,9 +215,10 @@ class TrainConfig:
     # routed request's own QoS (docs/research.md, (178)).
     impact_scale: float = 1.0
     # When set, the weight is also scaled by each episode's lambda: by the first at the
-    # bottom of `rates`, the second at the top, linear between. A single weight trades one load
-    # against another ((178), (236)); this one asks for care where engines are scarce
-    # and for the best engine where they are not (docs/research.md, (237)).
+    # bottom of `rates`, the second at the top, linear between. A single weight trades
+    # one load against another ((178), (236)); this one asks for care where engines are
+    # scarce and for the best engine where they are not. At 0.5,1.5 it lost at light
+    # load and kept the uniform weight's gain at N = 12 only (docs/research.md, (237)).
     impact_scale_by_rate: tuple[float, float] | None = None
     randomise: bool = True  # each episode draws lambda in `rates` and L in `latencies_ms`
     # The range lambda (requests per second) is drawn from: the paper's sweep by default.
