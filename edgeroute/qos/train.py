@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -221,16 +221,20 @@ class Pending:
     penalty depends on requests routed after it, so the episode's transitions wait for
     its end."""
 
-    def __init__(self, replay: Replay, impact_scale: float = 1.0) -> None:
+    def __init__(
+        self, replay: Replay, impact_weight: Callable[[float], float] = lambda rate: 1.0
+    ) -> None:
         self.replay = replay
-        # the penalty's weight in the episode under way (`TrainConfig.impact_weight`)
-        self.impact_scale = impact_scale
+        # the penalty's weight in an episode of a given lambda (`TrainConfig.impact_weight`),
+        # read when crediting: an episode's credit settles before the next one starts
+        self.impact_weight = impact_weight
         self.waiting: list[tuple[Req, Obs, int, float, Obs, bool]] = []
 
     def add(self, env: EdgeEnv, obs: Obs, action: int, nxt: Obs, done: bool) -> None:
         req = env.last_request
         if req is None:
-            self.replay.add(obs, action, -self.impact_scale * env.last_penalty, nxt, done)
+            weight = self.impact_weight(env.rate)
+            self.replay.add(obs, action, -weight * env.last_penalty, nxt, done)
         else:
             self.waiting.append((req, obs, action, env.last_penalty, nxt, done))
 
@@ -240,6 +244,7 @@ class Pending:
         if hindsight and not ended:
             return
         charges = env.hindsight_charges() if hindsight else {}
+        weight = self.impact_weight(env.rate)
         keep = []
         for item in self.waiting:
             req, obs, action, penalty, nxt, done = item
@@ -247,7 +252,7 @@ class Pending:
                 if hindsight:
                     charged = charges[req]
                     penalty = charged.shared if env.impact == "shared" else charged.hindsight
-                self.replay.add(obs, action, env.qos(req) - self.impact_scale * penalty, nxt, done)
+                self.replay.add(obs, action, env.qos(req) - weight * penalty, nxt, done)
             else:
                 keep.append(item)
         self.waiting = keep
@@ -327,7 +332,7 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
     forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
     obs = [observed(env, cfg) for env in envs]
     replay = Replay(cfg.sac().buffer, obs[0])
-    pending = [Pending(replay, cfg.impact_weight(env.rate)) for env in envs]
+    pending = [Pending(replay, cfg.impact_weight) for _ in envs]
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     step, best, history, seconds = 0, -1.0, [], 0.0
@@ -356,8 +361,6 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
             new_episode(env, cfg, rng, trace)
         forced = [herded_start(cfg, rng, len(env.experts)) for env in envs]
         obs = [observed(env, cfg) for env in envs]
-        for env, credit in zip(envs, pending, strict=True):
-            credit.impact_scale = cfg.impact_weight(env.rate)
         print(f"resumed {ckpt} at step {step}", flush=True)
     started = time.time() - seconds
     last_log: dict[str, float] = {}
@@ -390,11 +393,10 @@ def train(cfg: TrainConfig, data_dir: Path, out: Path, resume: bool = True) -> d
                     env.drain()  # every routed request finishes, so all are credited
                 pending[k].settle(env, ended=done)
             else:  # the paper's letter: completions are rewarded when they happen
-                r = weighed(r, env.last_penalty, pending[k].impact_scale)
+                r = weighed(r, env.last_penalty, cfg.impact_weight(env.rate))
                 replay.add(obs[k], int(actions[k]), r, nxt, done)
             if done:
                 new_episode(env, cfg, rng, trace)
-                pending[k].impact_scale = cfg.impact_weight(env.rate)
                 forced[k] = herded_start(cfg, rng, len(env.experts))
                 nxt = observed(env, cfg)
             obs[k] = nxt

@@ -767,24 +767,32 @@ def test_training_with_the_counterfactual_impact_credits_the_true_cost() -> None
 
 @needs_data("the quality data")
 @pytest.mark.parametrize(
-    ("impact", "scale"), [("hindsight", 1.0), ("shared", 1.0), ("hindsight", 3.0)]
+    ("impact", "weights", "scale"),
+    [
+        ("hindsight", {}, 1.0),
+        ("shared", {}, 1.0),
+        ("hindsight", {"impact_scale": 3.0}, 3.0),
+        # weighed by the load: an episode at lambda = 8, the top of the rates, gets HEAVY
+        ("hindsight", {"impact_scale_by_rate": (0.5, 1.5), "rates": (3.0, 8.0)}, 1.5),
+    ],
 )
 def test_training_with_a_hindsight_impact_credits_at_the_episodes_end(
-    impact: str, scale: float
+    impact: str, weights: dict[str, typing.Any], scale: float
 ) -> None:
     """`--impact hindsight` and `shared`: nothing is stored while the episode runs (a
     decision's cost depends on requests routed after it); at its end every routed
     decision carries its request's QoS less what that request truly cost the others,
     arrivals included (shared: each loss divided among the requests that caused it),
-    times the penalty's weight (`--impact-scale`)."""
+    times the penalty's weight (`--impact-scale`, `--impact-scale-by-rate`)."""
     from edgeroute.qos.sac import Replay
     from edgeroute.qos.train import Pending, make_env, new_episode
 
-    cfg = tiny(impact=impact, latencies_ms=(30.0, 40.0))
+    cfg = tiny(impact=impact, latencies_ms=(30.0, 40.0), **weights)
     env = make_env(cfg, DATA_DIR)
     new_episode(env, cfg, np.random.default_rng(0))
+    env.reset(rate=8.0)
     obs = env.observe()
-    pending = Pending(Replay(4096, obs), scale)
+    pending = Pending(Replay(4096, obs), cfg.impact_weight)
     drops = 0
     for i in range(400):
         action = (1 + i % 2) if i % 7 else 0
@@ -847,7 +855,7 @@ def test_training_weighs_each_episodes_penalty_by_its_own_load(
     settle = training.Pending.settle
 
     def watched(self: training.Pending, env: EdgeEnv, ended: bool = False) -> None:
-        seen.append((env.rate, self.impact_scale))
+        seen.append((env.rate, self.impact_weight(env.rate)))
         settle(self, env, ended)
 
     monkeypatch.setattr(training.Pending, "settle", watched)
