@@ -849,8 +849,9 @@ def test_the_impact_weight_can_follow_the_episodes_load() -> None:
 def test_training_weighs_each_episodes_penalty_by_its_own_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A short run with the weight following the load: every episode's credit is
-    weighed by that episode's lambda, set again at each new episode."""
+    """A short run with the weight following the load: training hands its credit the
+    config's weight, read at the lambda of each episode it settles (that the credit
+    uses it is the hindsight credit test's case by load)."""
     seen: list[tuple[float, float]] = []
     settle = training.Pending.settle
 
